@@ -1,0 +1,178 @@
+"""The Transformer, in one file: a pre-LN GPT (causal=True) or a bidirectional encoder (causal=False).
+
+Only the query projection varies between the variants the paper compares (projections.py); keys and
+values come from one linear d -> 2d projection.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nlq.config import ModelConfig
+from nlq.projections import build_projection
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.head_size, self.n_embd = cfg.n_head, cfg.head_size, cfg.n_embd
+        self.causal, self.impl, self.dropout = cfg.causal, cfg.attn_impl, cfg.dropout
+        self.q_proj = build_projection(cfg.query, cfg)
+        self.kv_proj = nn.Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.o_proj.is_residual_output = True
+        # The projection's multiplier (1/2 for Q = (X + f(X)) / 2) lives in the softmax scale.
+        self.scale = cfg.attn_scale or self.q_proj.score_multiplier / math.sqrt(cfg.head_size)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.q_proj(x)  # (B, T, C)
+        k, v = self.kv_proj(x).split(self.n_embd, dim=2)  # (B, T, C) each
+        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        dropout = self.dropout if self.training else 0.0
+        if self.impl == "sdpa":
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout,
+                is_causal=self.causal and attn_mask is None, scale=self.scale,
+            )  # (B, nh, T, hs)
+        else:
+            y = self._math_attention(q, k, v, attn_mask, dropout)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.o_proj(y))
+
+    def _math_attention(self, q, k, v, attn_mask, dropout):
+        """softmax(q k^T * scale + mask) v, written out; the reference the sdpa path must match."""
+        T = q.size(-2)
+        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, T, T)
+        if self.causal and attn_mask is None:
+            attn_mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=dropout > 0)
+        return probs @ v  # (B, nh, T, hs)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
+        self.down.is_residual_output = True
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.down(F.gelu(self.up(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.attn = Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), attn_mask)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2: N(0, 0.02) everywhere; outputs that add into the residual stream get 0.02 / sqrt(2 L)."""
+        if isinstance(module, nn.Linear):
+            std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if getattr(module, "is_residual_output", False) else 0.02
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        ignore_index: int = -100,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids; targets (B, T) or None; padding_mask (B, T) bool, True at real tokens.
+        Returns logits (B, T, V) and the mean cross-entropy over targets != ignore_index (or None)."""
+        B, T = idx.shape
+        if T > self.cfg.block_size:
+            raise ValueError(f"sequence of {T} tokens is longer than model.block_size={self.cfg.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        attn_mask = self._attention_mask(padding_mask, T)
+        for block in self.blocks:
+            x = block(x, attn_mask)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=ignore_index)
+        return logits, loss
+
+    def _attention_mask(self, padding_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
+        """Boolean (B, 1, T, T) mask, True where a query may attend to a key; None lets sdpa use is_causal."""
+        if padding_mask is None:
+            return None
+        mask = padding_mask[:, None, None, :].bool()  # (B, 1, 1, T): keys that are real tokens
+        if self.cfg.causal:
+            mask = mask & torch.ones(T, T, dtype=torch.bool, device=padding_mask.device).tril()
+        # A query row with no visible key (a pad query at the start) would softmax over nothing; let it see itself.
+        return mask | torch.eye(T, dtype=torch.bool, device=padding_mask.device)
+
+    # ---- accounting ----------------------------------------------------------------------------------
+
+    def parameter_groups(self) -> dict[str, int]:
+        """Parameter counts per module kind (a tied lm_head is counted once, as the token embedding)."""
+        groups = {kind: 0 for _, kind in PARAMETER_KINDS} | {"layer norms": 0}
+        for name, p in self.named_parameters():  # shared tensors appear once
+            groups[_parameter_kind(name)] += p.numel()
+        return groups
+
+    def num_parameters(self, non_embedding: bool = True) -> int:
+        """Non-embedding parameters exclude the token and position embeddings (the paper's convention)."""
+        groups = self.parameter_groups()
+        total = sum(groups.values())
+        if non_embedding:
+            total -= groups["token embedding"] + groups["position embedding"]
+        return total
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6 x (matmul weights incl. the lm_head) + 12 L d T for attention scores."""
+        cfg = self.cfg
+        matmul_params = sum(p.numel() for n, p in self.named_parameters() if p.dim() == 2 and "emb" not in n)
+        matmul_params += cfg.vocab_size * cfg.n_embd if cfg.tie_embeddings else 0
+        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+
+PARAMETER_KINDS = [
+    ("tok_emb", "token embedding"), ("pos_emb", "position embedding"), ("attn.q_proj", "attention query"),
+    ("attn.kv_proj", "attention key/value"), ("attn.o_proj", "attention output"), ("mlp.", "mlp"),
+    ("lm_head", "lm head (untied)"),
+]
+
+
+def _parameter_kind(name: str) -> str:
+    for key, kind in PARAMETER_KINDS:
+        if key in name:
+            return kind
+    return "layer norms"

@@ -1,0 +1,100 @@
+"""The research axis: how attention projects its input into queries.
+
+Every projection is a small nn.Module mapping (B, T, d) -> (B, T, d) with one class attribute,
+`score_multiplier`: the factor the attention folds into its softmax scale. The paper computes
+Q = (X + f(X)) / 2 by keeping X + f(X) and halving the scale, 1 / (2 sqrt(hs)); the two are the same
+computation, and folding it into the scale saves an elementwise pass.
+
+Adding a variant = one class + one PROJECTIONS entry + one case in tests/test_projections.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nlq.config import ModelConfig
+
+
+class ReLU2(nn.Module):
+    """Squared ReLU (Primer)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
+ACTIVATION_MODULES = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "relu2": ReLU2}
+
+
+class LinearProjection(nn.Module):
+    """Q = X W_Q: the standard baseline."""
+
+    score_multiplier = 1.0
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.weight_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight_proj(x)
+
+
+class IdentityProjection(nn.Module):
+    """Q = X, no weights (Karbevski & Mijoski): W_Q is absorbed by the layers that write X.
+    The predecessor paper halves the attention scale for this variant."""
+
+    score_multiplier = 0.5
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class ResidualProjection(nn.Module):
+    """Q = (X + X W_Q) / 2: still linear, a control for the residual form of the method."""
+
+    score_multiplier = 0.5
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.weight_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.weight_proj(x)
+
+
+class NonlinearProjection(nn.Module):
+    """Q = (X + f(X)) / 2 with f(X) = LayerNorm(act(RMSNorm(X) W1) W2), W1: d x r, W2: r x d.
+    With r = d/2 the two matrices hold d^2 weights, the same as W_Q (parameter parity)."""
+
+    score_multiplier = 0.5
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, r = cfg.n_embd, cfg.rank
+        self.in_norm = nn.RMSNorm(d, eps=cfg.norm_eps) if cfg.query_in_norm else nn.Identity()
+        self.up = nn.Linear(d, r, bias=cfg.bias)  # W1
+        self.act = ACTIVATION_MODULES[cfg.query_activation]()
+        self.down = nn.Linear(r, d, bias=cfg.bias)  # W2
+        self.out_norm = nn.LayerNorm(d, eps=cfg.norm_eps, bias=False) if cfg.query_out_norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.out_norm(self.down(self.act(self.up(self.in_norm(x)))))  # (B, T, d)
+        return x + f
+
+
+PROJECTIONS: dict[str, type[nn.Module]] = {
+    "linear": LinearProjection,
+    "identity": IdentityProjection,
+    "residual": ResidualProjection,
+    "nonlinear": NonlinearProjection,
+}
+
+
+def build_projection(name: str, cfg: ModelConfig) -> nn.Module:
+    if name not in PROJECTIONS:
+        raise ValueError(f"unknown projection {name!r}; valid names: {', '.join(PROJECTIONS)}")
+    return PROJECTIONS[name](cfg)

@@ -1,0 +1,42 @@
+import subprocess
+import sys
+
+import pytest
+
+from nlq.cli import main
+
+
+def run_cli(capsys, *argv):
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return info.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("override,count", [
+    ("--model.query=linear", "84,953,856"), ("--model.query=nonlinear", "84,972,288"),
+    ("--model.query=identity", "77,875,968"), ("--model.mlp_ratio=4.75", "95,570,688"),
+])
+def test_info_prints_paper_counts(capsys, override, count):
+    code, out, _ = run_cli(capsys, "info", "gpt3-small", override)
+    assert code == 0 and f"non-embedding parameters: {count}" in out
+    assert "training FLOPs per token" in out and "attention query" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["info", "gpt3-small", "--model.n_head=7"], "model.n_embd=768 is not divisible by model.n_head=7"),
+    (["info", "gpt3-small", "--model.query=cubic"], "model.query='cubic'"),
+    (["info", "gpt3-small", "--model.query_rank=0"], "model.query_rank=0"),
+    (["info", "gpt3-small", "--model.dropout=1.5"], "model.dropout=1.5"),
+    (["info", "gpt3-small", "--model.mlp_ratio=0"], "model.mlp_ratio=0.0"),
+    (["info", "nope"], "unknown preset 'nope'"),
+])
+def test_bad_input_is_one_line_error(capsys, argv, needle):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_console_entry_point_runs():
+    result = subprocess.run([sys.executable, "-m", "nlq", "info", "nano", "--model.n_head=3"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.strip().startswith("nlq info: error: model.n_embd=64")

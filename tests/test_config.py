@@ -1,0 +1,71 @@
+import pytest
+
+from nlq.config import ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, parse_overrides
+
+
+@pytest.mark.parametrize("changes,field,value", [
+    (dict(n_embd=768, n_head=7), "n_head", "7"),
+    (dict(query="quadratic"), "model.query", "quadratic"),
+    (dict(query="nonlinear", query_rank=0), "model.query_rank", "0"),
+    (dict(query_rank=-3), "model.query_rank", "-3"),
+    (dict(dropout=1.0), "model.dropout", "1.0"),
+    (dict(dropout=-0.1), "model.dropout", "-0.1"),
+    (dict(mlp_ratio=0.0), "model.mlp_ratio", "0.0"),
+    (dict(query_activation="tanh"), "model.query_activation", "tanh"),
+])
+def test_bad_model_config_names_field_and_value(changes, field, value):
+    with pytest.raises(ValueError) as info:
+        ModelConfig(**changes)
+    assert field in str(info.value) and value in str(info.value)
+
+
+def test_overrides_convert_to_field_types():
+    config = apply_overrides(RunConfig(), [
+        "--model.query=nonlinear", "--model.mlp_ratio=4.75", "--model.causal=false", "--model.query_rank=none",
+        "--train.max_steps=1_000", "--train.lr=3e-3", "--train.batch_tokens=1e6", "--model.attn_scale=0.0625",
+    ])
+    assert config.model.query == "nonlinear" and config.model.mlp_ratio == 4.75 and config.model.causal is False
+    assert config.model.query_rank is None and config.train.max_steps == 1000 and config.train.lr == 3e-3
+    assert config.train.batch_tokens == 1_000_000 and config.model.attn_scale == 0.0625
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("--train.max_steps=ten", "train.max_steps='ten' is not a valid int"),
+    ("--train.max_steps=1.5", "train.max_steps='1.5' is not a valid int"),
+    ("--model.causal=maybe", "model.causal='maybe' is not a valid bool"),
+    ("--train.lr=nan", "train.lr='nan' is not a valid float"),
+    ("--train.bogus=1", "unknown config key train.bogus"),
+    ("--optim.lr=1", "unknown config section 'optim'"),
+    ("--train.lr", "overrides look like --section.field=value"),
+    ("--lr=1", "overrides look like --section.field=value"),
+    ("--train.max_steps=0", "train.max_steps=0 must be a positive integer"),
+])
+def test_bad_overrides_are_one_line_errors(arg, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as info:
+        apply_overrides(RunConfig(), [arg])
+    assert "\n" not in str(info.value)
+
+
+def test_config_files_round_trip(tmp_path):
+    config = apply_overrides(RunConfig(), ["--model.query=nonlinear", "--train.lr=0.002"])
+    config.save(tmp_path / "c.json")
+    assert RunConfig.load(tmp_path / "c.json") == config
+    (tmp_path / "c.yaml").write_text("model:\n  query: identity\ntrain:\n  lr: 0.001\n  max_steps: 5\n")
+    loaded = RunConfig.load(tmp_path / "c.yaml")
+    assert loaded.model.query == "identity" and loaded.train.max_steps == 5
+    (tmp_path / "c.toml").write_text("[model]\nmlp_ratio = 4.5\n")
+    assert RunConfig.load(tmp_path / "c.toml").model.mlp_ratio == 4.5
+    (tmp_path / "bad.yaml").write_text("train:\n  max_steps: 'many'\n")
+    with pytest.raises(ConfigError, match="train.max_steps='many' is not a valid int"):
+        RunConfig.load(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        RunConfig.load(tmp_path / "missing.yaml")
+
+
+def test_parse_overrides_nests_sections():
+    assert parse_overrides(["--a.b=1", "--a.c=x=y"]) == {"a": {"b": "1", "c": "x=y"}}
+
+
+def test_train_config_validation():
+    with pytest.raises(ConfigError, match="train.min_lr"):
+        TrainConfig(lr=1e-3, min_lr=1e-2)

@@ -1,0 +1,110 @@
+import pytest
+import torch
+
+from conftest import tiny_model_config
+from nlq.model import Transformer
+from nlq.presets import get_preset, with_model
+
+
+def logits(model, idx, **kw):
+    model.eval()
+    with torch.no_grad():
+        return model(idx, **kw)[0]
+
+
+@pytest.mark.parametrize("query", ["linear", "nonlinear"])
+def test_sdpa_path_equals_math_path(query):
+    for causal in (True, False):
+        sdpa = Transformer(tiny_model_config(query=query, causal=causal, attn_impl="sdpa"))
+        math_ = Transformer(tiny_model_config(query=query, causal=causal, attn_impl="math"))
+        math_.load_state_dict(sdpa.state_dict())
+        idx = torch.randint(0, 97, (3, 16))
+        pad = torch.ones(3, 16, dtype=torch.bool)
+        pad[0, 10:] = False
+        torch.testing.assert_close(logits(sdpa, idx), logits(math_, idx))
+        torch.testing.assert_close(logits(sdpa, idx, padding_mask=pad), logits(math_, idx, padding_mask=pad))
+
+
+@pytest.mark.parametrize("query", ["linear", "identity", "residual", "nonlinear"])
+def test_decoder_is_causal_encoder_is_not(query):
+    idx = torch.randint(0, 97, (2, 16))
+    changed = idx.clone()
+    changed[:, 9:] = (changed[:, 9:] + 1) % 97
+    decoder = Transformer(tiny_model_config(query=query, causal=True))
+    a, b = logits(decoder, idx), logits(decoder, changed)
+    torch.testing.assert_close(a[:, :9], b[:, :9])
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+    encoder = Transformer(tiny_model_config(query=query, causal=False))
+    a, b = logits(encoder, idx), logits(encoder, changed)
+    assert not torch.allclose(a[:, :9], b[:, :9])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_padding_mask_hides_pad_tokens(causal):
+    model = Transformer(tiny_model_config(query="nonlinear", causal=causal))
+    idx = torch.randint(1, 97, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[:, 4:6] = False  # pads in the middle: real tokens after them must not see them
+    other = idx.clone()
+    other[:, 4:6] = 0
+    a, b = logits(model, idx, padding_mask=mask), logits(model, other, padding_mask=mask)
+    torch.testing.assert_close(a[mask], b[mask])
+    unmasked_a, unmasked_b = logits(model, idx), logits(model, other)
+    assert not torch.allclose(unmasked_a[:, 6:], unmasked_b[:, 6:])  # without the mask they would matter
+
+
+def test_loss_ignores_index_and_matches_cross_entropy():
+    model = Transformer(tiny_model_config())
+    idx = torch.randint(0, 97, (2, 10))
+    targets = idx.clone()
+    targets[:, :5] = -100
+    out, loss = model(idx, targets)
+    expected = torch.nn.functional.cross_entropy(out[:, 5:].reshape(-1, 97), idx[:, 5:].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+
+
+def test_init_scales_residual_outputs():
+    model = Transformer(tiny_model_config(n_layer=8, n_embd=256, n_head=4))
+    std_o = model.blocks[0].attn.o_proj.weight.std().item()
+    std_kv = model.blocks[0].attn.kv_proj.weight.std().item()
+    assert abs(std_kv - 0.02) < 0.002
+    assert abs(std_o - 0.02 / 4) < 0.0005  # 0.02 / sqrt(2 * 8)
+
+
+def test_tied_and_untied_embeddings():
+    tied = Transformer(tiny_model_config())
+    assert tied.lm_head.weight is tied.tok_emb.weight
+    untied = Transformer(tiny_model_config(tie_embeddings=False))
+    assert untied.num_parameters() == tied.num_parameters() + 97 * 32
+
+
+def test_too_long_sequence_is_a_clear_error():
+    with pytest.raises(ValueError, match="block_size=16"):
+        Transformer(tiny_model_config())(torch.zeros(1, 17, dtype=torch.long))
+
+
+PAPER_COUNTS = {  # shared/paper.md section 4
+    (("query", "linear"),): 84_953_856,
+    (("query", "nonlinear"),): 84_972_288,
+    (("query", "identity"),): 77_875_968,
+    (("query", "residual"),): 84_953_856,
+    (("mlp_ratio", 4.75),): 95_570_688,
+}
+
+
+@pytest.mark.parametrize("changes,expected", PAPER_COUNTS.items())
+def test_gpt3_small_non_embedding_parameters(changes, expected):
+    config = with_model(get_preset("gpt3-small"), **dict(changes))
+    with torch.device("meta"):
+        model = Transformer(config.model)
+    assert model.num_parameters() == expected
+    if dict(changes).get("mlp_ratio") == 4.75:
+        assert config.model.mlp_hidden == 3648
+
+
+def test_biases_add_parameters():
+    with_bias = Transformer(tiny_model_config(bias=True))
+    without = Transformer(tiny_model_config())
+    d, L, hidden = 32, 2, 128
+    per_layer = d + 2 * d + d + hidden + d + 2 * d  # q, kv, o, mlp up, mlp down, two LN biases
+    assert with_bias.num_parameters() - without.num_parameters() == L * per_layer + d  # + ln_f bias
