@@ -43,6 +43,15 @@ def cmd_info(args: argparse.Namespace, overrides: list[str]) -> None:
     print(f"training FLOPs per token: {model.flops_per_token():,}")
 
 
+def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nlq.data.shards import prepare
+
+    if overrides:
+        raise UserError(f"nlq prepare takes no config overrides (got {' '.join(overrides)})")
+    prepare(args.source, args.tokenizer, args.out, overwrite=args.overwrite, val_fraction=args.val_fraction,
+            seed=args.seed, text_field=args.text_field, doc_separator=args.doc_separator)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nlq", description="Train and compare transformers with linear, identity or nonlinear query projections.",
@@ -54,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("preset")
     p.add_argument("--config", help="YAML/TOML/JSON file with config overrides")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("prepare", help="tokenise a text source into train.bin / val.bin + meta.json")
+    p.add_argument("--source", required=True, help="shakespeare, python-stdlib, PATH|DIR|GLOB of .txt/.md/.jsonl, "
+                                                   "or hf:NAME[:CONFIG]")
+    p.add_argument("--tokenizer", required=True, help="byte, bpe:N (e.g. bpe:8192), gpt2 or gpt2:DIR")
+    p.add_argument("--out", required=True, help="output data directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a directory that holds another dataset")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="share of documents for val (default 0.05; "
+                                                                      "the paper used 0.0005 on OpenWebText)")
+    p.add_argument("--seed", type=int, default=2357, help="split seed (default 2357, the paper's)")
+    p.add_argument("--text-field", default="text", help="field holding the text in .jsonl and hf datasets")
+    p.add_argument("--doc-separator", default=None, help="split .txt/.md files into documents at this string")
+    p.set_defaults(func=cmd_prepare)
     return parser
 
 

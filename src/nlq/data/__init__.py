@@ -1,0 +1,1 @@
+"""Data: sources -> tokenizers -> token shards (nlq prepare) -> deterministic batch plans."""

