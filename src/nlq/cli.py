@@ -52,6 +52,83 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
             seed=args.seed, text_field=args.text_field, doc_separator=args.doc_separator)
 
 
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
+    from pathlib import Path
+
+    from nlq.config import RunConfig, apply_overrides, update
+    from nlq.training.trainer import train
+
+    saved = Path(args.out) / "config.json"
+    if args.resume and saved.is_file() and not args.preset:
+        config = RunConfig.load(saved)  # continue with the run's own config; overrides apply on top
+        if args.config:
+            config = update(config, RunConfig.load(args.config).to_dict())
+        config = apply_overrides(config, overrides)
+    else:
+        config = _config(args, overrides)
+    if args.data:
+        config = update(config, {"data": {"dir": str(Path(args.data).resolve())}})
+    train(config, args.out, resume=args.resume)
+
+
+def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
+    import torch
+
+    from nlq.config import update
+    from nlq.data.batches import eval_starts
+    from nlq.data.shards import load_data
+    from nlq.generate import encode_text, load_model, loss_report, run_tokenizer, score_tokens
+    from nlq.training.distributed import DistEnv
+    from nlq.training.trainer import check_vocab, evaluate
+
+    model, config, payload = load_model(args.run)
+    config = update(config, {k: v for k, v in _config_overrides(overrides).items() if k == "data"})
+    if args.text:
+        from pathlib import Path
+
+        path = Path(args.text)
+        if not path.is_file():
+            raise UserError(f"text file {path} does not exist")
+        raw = path.read_bytes()
+        text = raw.decode("utf-8", errors="replace")
+        ids = encode_text(run_tokenizer(payload["path"]), text, str(path))
+        result = loss_report(*score_tokens(model, ids), len(raw))
+        where = f"{path} ({result['tokens']:,} scored tokens)"
+    else:
+        data = load_data(args.data or config.data.dir)
+        check_vocab(data, config.model)
+        starts = eval_starts(data.val, config.model.block_size, config.data.eval_windows, config.data.eval_seed)
+        loss = evaluate(model, data.val, starts, config.model.block_size, config.train.batch_size, DistEnv(), None)
+        result = loss_report(loss, 1, 1)
+        result["bpb"] = loss / torch.log(torch.tensor(2.0)).item() / data.bytes_per_token("val")
+        where = f"{data.directory} val ({len(starts)} windows)"
+    print(f"step {payload['step']} on {where}: loss {result['loss']:.4f}  perplexity {result['ppl']:.2f}  "
+          f"bits/byte {result['bpb']:.4f}")
+
+
+def _config_overrides(overrides: list[str]) -> dict:
+    from nlq.config import parse_overrides
+
+    return parse_overrides(overrides)
+
+
+def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
+    import torch
+
+    from nlq.generate import encode_text, generate, load_model, run_tokenizer
+
+    if overrides:
+        raise UserError(f"nlq sample takes no config overrides (got {' '.join(overrides)})")
+    if args.max_new_tokens < 1 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
+        raise UserError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
+    model, config, payload = load_model(args.run)
+    tokenizer = run_tokenizer(payload["path"])
+    ids = encode_text(tokenizer, args.prompt, "the prompt")
+    generator = torch.Generator().manual_seed(args.seed)
+    out = generate(model, torch.as_tensor(ids)[None], args.max_new_tokens, args.temperature, args.top_k, generator)
+    print(tokenizer.decode(out[0].tolist()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nlq", description="Train and compare transformers with linear, identity or nonlinear query projections.",
@@ -76,6 +153,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text", help="field holding the text in .jsonl and hf datasets")
     p.add_argument("--doc-separator", default=None, help="split .txt/.md files into documents at this string")
     p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", help="train one run (also under torchrun)")
+    p.add_argument("--data", help="prepared data directory (nlq prepare)")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--preset", help="named size: gpt3-small, nano, micro, mini, small")
+    p.add_argument("--config", help="YAML/TOML/JSON file with config values")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="loss, perplexity and bits per byte of a checkpoint")
+    p.add_argument("run", help="run directory or checkpoint file")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--data", help="prepared data directory (default: the run's)")
+    group.add_argument("--text", help="a plain text file, tokenised with the run's tokenizer")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("sample", help="generate text from a checkpoint")
+    p.add_argument("run", help="run directory or checkpoint file")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1337)
+    p.set_defaults(func=cmd_sample)
     return parser
 
 
@@ -88,8 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args, rest)
     except UserError as e:
+        from nlq.training.trainer import TrainingError
+
         print(f"nlq {args.command}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(1 if isinstance(e, TrainingError) else 2)
     except KeyboardInterrupt:
         print(f"nlq {args.command}: interrupted", file=sys.stderr)
         sys.exit(130)

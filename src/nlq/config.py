@@ -114,6 +114,7 @@ class TrainConfig:
     lr: float = 6e-4
     min_lr: float = 6e-5
     warmup_steps: int = 100
+    decay_steps: int | None = None  # step at which the cosine reaches min_lr; None: max_steps
     weight_decay: float = 0.1  # applied to >= 2-D parameters only
     beta1: float = 0.9
     beta2: float = 0.95
@@ -137,6 +138,7 @@ class TrainConfig:
         _check(self.lr > 0, f"train.lr={self.lr} must be > 0")
         _check(0 <= self.min_lr <= self.lr, f"train.min_lr={self.min_lr} must be in [0, train.lr={self.lr}]")
         _check(self.warmup_steps >= 0, f"train.warmup_steps={self.warmup_steps} must be >= 0")
+        _check(self.decay_steps is None or self.decay_steps > 0, f"train.decay_steps={self.decay_steps} must be > 0")
         _check(self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"train.beta1/beta2 must be in [0, 1)")
         _check(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0")

@@ -1,0 +1,113 @@
+"""Checkpoints: atomic (temporary file, fsync, rename), never overwritten in place, the last K kept.
+
+A checkpoint holds a full (unsharded) model and optimizer state keyed by parameter name, so a run saved
+by N processes (DDP or FSDP) resumes in M. Loading uses torch.load(weights_only=True): no pickled code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from nlq.errors import UserError
+
+_NAME = re.compile(r"^step_(\d{7,})\.pt$")
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DDP
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    folder = checkpoint_dir(run_dir)
+    found = [p for p in folder.glob("step_*.pt") if _NAME.match(p.name)] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def full_state(model, optimizer) -> tuple[dict, dict]:
+    """Unsharded model and optimizer state, on CPU, keyed by parameter name (collective under FSDP)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_state_dict(model, optimizer, options=options)
+
+
+def load_full_state(model, optimizer, model_state: dict, optim_state: dict | None) -> None:
+    options = StateDictOptions(full_state_dict=True)
+    if optimizer is None:
+        set_state_dict(model, (), model_state_dict=model_state, optim_state_dict={}, options=options)
+    else:
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=options)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(run_dir: Path, step: int, payload: dict, keep: int) -> Path:
+    folder = checkpoint_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step_{step:07d}.pt"
+    tmp = folder / f".{path.name}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic: readers see the old file set or the new one, never half a file
+    _fsync_dir(folder)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink()
+    return path
+
+
+def resolve_checkpoint(path_or_run: str | Path) -> Path:
+    """A checkpoint file, or the latest checkpoint of a run directory."""
+    path = Path(path_or_run)
+    if path.is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise UserError(f"{path} holds no checkpoint (looked in {checkpoint_dir(path)})")
+        return found
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist; give a run directory or a .pt checkpoint file")
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    path = resolve_checkpoint(path)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, corrupt, or not a torch file
+        raise UserError(f"checkpoint {path} is corrupt or not an nlq checkpoint ({type(e).__name__}); "
+                        f"use an earlier one in {path.parent}") from None
+    if not isinstance(payload, dict) or not {"model", "step", "config"} <= payload.keys():
+        raise UserError(f"{path} is not an nlq checkpoint (missing model/step/config)")
+    payload["model"] = clean_state_dict(payload["model"])
+    payload["path"] = str(path)
+    return payload
+
+
+def clean_state_dict(state: dict) -> dict:
+    """Strip the prefixes torch.compile and DDP add, so their checkpoints load into a bare model."""
+    cleaned = {}
+    for key, value in state.items():
+        changed = True
+        while changed:
+            changed = False
+            for prefix in _WRAPPER_PREFIXES:
+                if key.startswith(prefix):
+                    key, changed = key[len(prefix):], True
+        cleaned[key] = value
+    return cleaned

@@ -1,0 +1,338 @@
+"""The training loop: AdamW, warmup + cosine, gradient accumulation to a global batch in tokens,
+clipping, periodic eval on a fixed val set, atomic checkpoints and exact resume.
+
+The same code runs as one process and under torchrun (DDP or FSDP2); only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nlq.config import ModelConfig, RunConfig, TrainConfig
+from nlq.data.batches import BatchPlan, eval_starts, windows
+from nlq.data.shards import TokenData, load_data
+from nlq.data.tokenizers import GPT2_FILES
+from nlq.errors import UserError
+from nlq.model import Transformer
+from nlq.training import checkpoint as ckpt
+from nlq.training import distributed
+from nlq.training.distributed import DistEnv
+from nlq.training.logging import MetricsLogger, truncate_metrics
+
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
+
+
+class TrainingError(UserError):
+    """Training cannot go on (a non-finite loss); the message names the step and the last good checkpoint."""
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    global_rows: int  # context windows per optimizer step, over all ranks
+    micro_rows: int  # windows per forward pass on one rank
+    accum: int  # micro steps per optimizer step on each rank
+
+    def tokens(self, context: int) -> int:
+        return self.global_rows * context
+
+
+def batch_spec(train: TrainConfig, context: int, world: int) -> BatchSpec:
+    """The global batch stays the same whatever the world size; the accumulation adapts to it."""
+    if train.batch_tokens is None:
+        global_rows = train.batch_size
+    elif train.batch_tokens % context:
+        raise UserError(f"train.batch_tokens={train.batch_tokens} is not a multiple of model.block_size={context}")
+    else:
+        global_rows = train.batch_tokens // context
+    if global_rows % world:
+        raise UserError(f"a global batch of {global_rows} windows does not split over {world} processes; "
+                        f"make train.batch_tokens / model.block_size a multiple of {world}")
+    per_rank = global_rows // world
+    micro = min(train.batch_size, per_rank)
+    if per_rank % micro:
+        raise UserError(f"{per_rank} windows per process do not split into micro-batches of train.batch_size="
+                        f"{train.batch_size}; pick a batch_size that divides {per_rank}")
+    return BatchSpec(global_rows, micro, per_rank // micro)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup over warmup_steps, then cosine decay to min_lr at decay_steps (default max_steps);
+    step is 0-based."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    decay_steps = cfg.decay_steps or cfg.max_steps
+    progress = (step - cfg.warmup_steps) / max(1, decay_steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))) * (cfg.lr - cfg.min_lr)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device, sharded: bool):
+    """AdamW; weight decay on >= 2-D parameters (matrices, embeddings) only, never on norm weights or biases."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = not sharded and device.type in ("cpu", "cuda")  # the fused kernel halves optimizer time on CPU
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
+    if cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def peak_flops(cfg: TrainConfig, device: torch.device, dtype: torch.dtype | None) -> float | None:
+    """Peak FLOP/s of one device for the MFU estimate: train.peak_tflops, or known GPUs in bf16."""
+    if cfg.peak_tflops:
+        return cfg.peak_tflops * 1e12
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        name = torch.cuda.get_device_name(device)
+        return next((tf * 1e12 for key, tf in PEAK_BF16_TFLOPS.items() if key in name), None)
+    return None
+
+
+def unigram_entropy(tokens: np.ndarray, vocab_size: int, block: int = 1 << 26) -> float:
+    """Entropy (nats) of the token frequencies: the loss of a model that ignores context."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(0, len(tokens), block):
+        counts += np.bincount(tokens[i:i + block], minlength=vocab_size)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+@torch.no_grad()
+def evaluate(model, tokens: np.ndarray, starts: np.ndarray, context: int, batch_rows: int, env: DistEnv,
+             dtype: torch.dtype | None) -> float:
+    """Mean loss over fixed windows, split over ranks; every rank runs the same number of forward passes
+    (FSDP needs that), padding with zero-weight windows."""
+    was_training = model.training
+    model.eval()
+    mine = np.array_split(starts, env.world)[env.rank]
+    n_batches = math.ceil(math.ceil(len(starts) / env.world) / batch_rows)
+    total = torch.zeros(2, dtype=torch.float64, device=env.device)  # sum of losses x rows, rows
+    for b in range(n_batches):
+        rows = mine[b * batch_rows:(b + 1) * batch_rows]
+        weight = len(rows)
+        if weight == 0:
+            rows = starts[:1]
+        x, y = (t.to(env.device) for t in windows(tokens, rows, context))
+        with _autocast(env.device, dtype):
+            _, loss = model(x, y)
+        total += torch.stack([loss.double() * weight, torch.tensor(float(weight), device=env.device, dtype=torch.float64)])
+    distributed.all_reduce_sum(total, env)
+    model.train(was_training)
+    return (total[0] / total[1]).item()
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def check_vocab(data: TokenData, model: ModelConfig) -> None:
+    if data.vocab_size > model.vocab_size:
+        padded = math.ceil(data.vocab_size / 64) * 64
+        raise UserError(f"the data's vocabulary ({data.vocab_size}, {data.meta['tokenizer']}) does not fit "
+                        f"model.vocab_size={model.vocab_size}; set --model.vocab_size={padded} or prepare the data "
+                        f"with a smaller tokenizer")
+
+
+def copy_data_files(data: TokenData, run_dir: Path) -> None:
+    """Keep what eval --text and sample need in the run directory: the data's meta and tokenizer files."""
+    shutil.copyfile(data.directory / "meta.json", run_dir / "data_meta.json")
+    for name in ("tokenizer.json", *GPT2_FILES):
+        if (data.directory / name).is_file():
+            shutil.copyfile(data.directory / name, run_dir / name)
+
+
+def _restore_rng(payload: dict, device: torch.device) -> None:
+    rng = payload.get("rng") or {}
+    if "cpu" in rng:
+        torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], device)
+
+
+def _rng_state(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: bool = False) -> dict:
+    """Train one run into run_dir; returns its summary. Joins the process group under torchrun."""
+    env = distributed.init(config.dist, config.train.device)
+    try:
+        return Trainer(config, Path(run_dir), env, resume, quiet).run()
+    finally:
+        distributed.shutdown(env)
+
+
+class Trainer:
+    def __init__(self, config: RunConfig, run_dir: Path, env: DistEnv, resume: bool, quiet: bool):
+        self.config, self.run_dir, self.env, self.quiet = config, run_dir, env, quiet
+        cfg, tcfg = config, config.train
+        if not cfg.data.dir:
+            raise UserError("no data directory: pass --data DATA_DIR (made by nlq prepare)")
+        self.data = load_data(cfg.data.dir)
+        check_vocab(self.data, cfg.model)  # before any compute
+        self.spec = batch_spec(tcfg, cfg.model.block_size, env.world)
+        self.payload = self._existing_checkpoint(resume)
+        self.start_step = self.payload["step"] if self.payload else 0
+        if env.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config.save(run_dir / "config.json")  # the resolved config, before step 0
+            copy_data_files(self.data, run_dir)
+            truncate_metrics(run_dir / "metrics.jsonl", self.start_step if self.payload else -1)
+        distributed.barrier(env)
+
+        torch.manual_seed(tcfg.seed)
+        self.model = Transformer(cfg.model).to(env.device)  # the bare model: checkpoints are taken from it
+        self.train_model = distributed.wrap(self.model, env, cfg.dist.strategy)
+        self.optimizer = make_optimizer(self.model, tcfg, env.device, sharded=env.distributed and cfg.dist.strategy == "fsdp")
+        if self.payload:
+            ckpt.load_full_state(self.model, self.optimizer, self.payload["model"], self.payload["optimizer"])
+            _restore_rng(self.payload, env.device)
+        if tcfg.compile:
+            self.train_model = torch.compile(self.train_model)
+        self.dtype = autocast_dtype(tcfg, env.device)
+        self.plan = BatchPlan(self.data.train, cfg.model.block_size, self.spec.global_rows, tcfg.seed, cfg.data.batch_mode)
+        self.eval_set = eval_starts(self.data.val, cfg.model.block_size, cfg.data.eval_windows, cfg.data.eval_seed)
+        self.flops_per_token = self.model.flops_per_token()
+        self.peak = peak_flops(tcfg, env.device, self.dtype)
+
+    def _existing_checkpoint(self, resume: bool) -> dict | None:
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        if not resume:
+            if latest is not None or (self.run_dir / "metrics.jsonl").exists():
+                raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")
+            return None
+        if latest is None:
+            return None  # nothing saved yet: start from step 0
+        payload = ckpt.load_checkpoint(latest)
+        saved_model = payload["config"].get("model")
+        if saved_model != asdict(self.config.model):
+            changed = [k for k, v in asdict(self.config.model).items() if (saved_model or {}).get(k) != v]
+            raise UserError(f"cannot resume {latest}: the model config differs ({', '.join('model.' + k for k in changed)})")
+        return payload
+
+    def run(self) -> dict:
+        cfg, tcfg, env = self.config, self.config.train, self.env
+        context = cfg.model.block_size
+        step_tokens = self.spec.tokens(context)
+        logger = MetricsLogger(self.run_dir, env.is_main, tcfg.max_steps, self.start_step, tcfg.log_every,
+                               tcfg.tensorboard, tcfg.wandb, cfg.to_dict(), quiet=self.quiet)
+        logger.print(
+            f"run {self.run_dir}: {self.model.num_parameters():,} non-embedding parameters, query={cfg.model.query}, "
+            f"{step_tokens:,} tokens/step ({self.spec.global_rows} x {context}; {env.world} proc x "
+            f"{self.spec.accum} accum x {self.spec.micro_rows}), device {env.device}, "
+            + (f"resuming at step {self.start_step}" if self.payload else "from scratch"))
+        if self.start_step == 0:
+            logger.log(self._eval_record(0))
+        last_ckpt = self.payload["path"] if self.payload else None
+        rates = []
+        try:
+            for step in range(self.start_step, tcfg.max_steps):
+                started = time.perf_counter()
+                lr = lr_at(step, tcfg)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                done = step + 1
+                train_loss, grad_norm = self._update(step, done, last_ckpt)
+                elapsed = time.perf_counter() - started
+                rates.append(step_tokens / elapsed)
+                record = {"step": done, "train_loss": train_loss, "lr": lr, "grad_norm": grad_norm,
+                          "tokens": done * step_tokens, "tokens_per_s": step_tokens / elapsed}
+                if self.peak:
+                    record["mfu"] = self.flops_per_token * record["tokens_per_s"] / (self.peak * env.world)
+                logger.log(record)
+                if done % tcfg.eval_every == 0 or done == tcfg.max_steps:
+                    logger.log(self._eval_record(done))
+                if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or done == tcfg.max_steps:
+                    if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+                        raise self._diverged(f"parameters are not finite after step {done}", last_ckpt)
+                    last_ckpt = self._save(done)
+        finally:
+            logger.close()
+        summary = self._summary(rates)
+        if env.is_main:
+            tmp = self.run_dir / "summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+            tmp.replace(self.run_dir / "summary.json")
+        return summary
+
+    @staticmethod
+    def _diverged(what: str, last_ckpt: str | None) -> TrainingError:
+        return TrainingError(f"{what}; stopped. The last good checkpoint is "
+                             f"{last_ckpt or 'none (no checkpoint was saved yet)'}; lower train.lr or resume from it")
+
+    def _update(self, step: int, done: int, last_ckpt: str | None) -> tuple[float, float]:
+        """One optimizer step over the global batch; returns (mean loss over ranks, grad norm). A non-finite
+        loss or gradient stops training before the optimizer touches the weights."""
+        env, accum = self.env, self.spec.accum
+        loss_sum = torch.zeros((), device=env.device)
+        for micro in range(accum):
+            x, y = self.plan.batch(step, env.rank, env.world, micro, accum)
+            x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+            sync = micro == accum - 1 or not hasattr(self.train_model, "no_sync")
+            with (contextlib.nullcontext() if sync else self.train_model.no_sync()), _autocast(env.device, self.dtype):
+                _, loss = self.train_model(x, y)
+            (loss / accum).backward()
+            loss_sum += loss.detach()
+        loss = (distributed.all_reduce_sum(loss_sum, env) / (accum * env.world)).item()
+        clip = self.config.train.grad_clip or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = grad_norm.item()
+        if not math.isfinite(loss) or not math.isfinite(grad_norm):
+            what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}"
+            raise self._diverged(f"{what} at step {done}", last_ckpt)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm
+
+    def _eval_record(self, step: int) -> dict:
+        loss = evaluate(self.train_model, self.data.val, self.eval_set, self.config.model.block_size,
+                        self.spec.micro_rows, self.env, self.dtype)
+        return {"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700)),
+                "val_bpb": loss / math.log(2) / self.data.bytes_per_token("val")}
+
+    def _save(self, step: int) -> str:
+        model_state, optim_state = ckpt.full_state(self.model, self.optimizer)  # collective under FSDP
+        path = ckpt.checkpoint_dir(self.run_dir) / f"step_{step:07d}.pt"
+        if self.env.is_main:
+            payload = {"model": model_state, "optimizer": optim_state, "step": step,
+                       "rng": _rng_state(self.env.device), "config": self.config.to_dict()}
+            path = ckpt.save_checkpoint(self.run_dir, step, payload, self.config.train.keep_checkpoints)
+        distributed.barrier(self.env)
+        return str(path)
+
+    def _summary(self, rates: list[float]) -> dict:
+        from nlq.training.logging import read_metrics
+
+        records = read_metrics(self.run_dir / "metrics.jsonl") if self.env.is_main else []
+        evals = [r for r in records if "val_loss" in r]
+        final = evals[-1] if evals else {}
+        data = self.data
+        return {
+            "steps": self.config.train.max_steps, "final_step": final.get("step"),
+            "val_loss": final.get("val_loss"), "val_ppl": final.get("val_ppl"), "val_bpb": final.get("val_bpb"),
+            "tokens": self.config.train.max_steps * self.spec.tokens(self.config.model.block_size),
+            "tokens_per_s": float(np.median(rates)) if rates else None,
+            "non_embedding_parameters": self.model.num_parameters(),
+            "unigram_entropy": unigram_entropy(data.train, data.vocab_size) if len(data.train) < 2**30 else None,
+            "world": self.env.world, "device": str(self.env.device),
+        }
