@@ -30,7 +30,7 @@ def reference_query(mode, proj, x, cfg, activation=lambda h: F.gelu(h)):
     if mode == "residual":
         return (x + x @ proj.weight_proj.weight.T) / 2
     if mode == "nonlinear":
-        h = rms_norm(x, proj.in_norm.weight, cfg.norm_eps) @ proj.up.weight.T  # (B, T, r)
+        h = rms_norm(x, proj.in_norm_weight, cfg.norm_eps) @ proj.up.weight.T  # (B, T, r)
         f = layer_norm(activation(h) @ proj.down.weight.T, proj.out_norm.weight, cfg.norm_eps)  # (B, T, d)
         return (x + f) / 2
     raise AssertionError(mode)
@@ -56,7 +56,7 @@ def randomize_norms(module):
     """Norm weights start at 1; make them random so a forgotten norm would show."""
     with torch.no_grad():
         for name, p in module.named_parameters():
-            if "norm" in name:
+            if "norm" in name or "bias" in name:
                 p.uniform_(0.5, 1.5)
 
 
@@ -121,10 +121,20 @@ def test_gradients_reach_both_nonlinear_matrices():
     loss.backward()
     for block in model.blocks:
         proj = block.attn.q_proj
-        for p in (proj.up.weight, proj.down.weight, proj.in_norm.weight, proj.out_norm.weight):
+        for p in (proj.up.weight, proj.down.weight, proj.in_norm_weight, proj.out_norm.weight):
             assert p.grad is not None and p.grad.abs().sum() > 0
 
 
 def test_unknown_projection_lists_valid_names():
     with pytest.raises(ValueError, match="linear, identity, residual, nonlinear"):
         build_projection("quadratic", tiny_model_config())
+
+
+def test_nonlinear_with_biases_matches_formula():
+    cfg = tiny_model_config(query="nonlinear", bias=True)
+    proj = build_projection("nonlinear", cfg).double()
+    randomize_norms(proj)
+    x = torch.randn(2, 5, cfg.n_embd, dtype=torch.float64)
+    h = rms_norm(x, proj.in_norm_weight, cfg.norm_eps) @ proj.up.weight.T + proj.up.bias
+    f = layer_norm(F.gelu(h) @ proj.down.weight.T + proj.down.bias, proj.out_norm.weight, cfg.norm_eps)
+    torch.testing.assert_close(proj(x), x + f)

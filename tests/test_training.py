@@ -116,7 +116,7 @@ def test_weight_decay_only_on_matrices():
     assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
     names = {id(p): n for n, p in model.named_parameters()}
     assert any("q_proj.up" in names[id(p)] for p in decay["params"])
-    assert any("q_proj.in_norm" in names[id(p)] for p in no_decay["params"])
+    assert any("q_proj.in_norm_weight" in names[id(p)] for p in no_decay["params"])
 
 
 def test_non_finite_training_stops_and_keeps_the_last_good_checkpoint(byte_data, tmp_path, monkeypatch):

@@ -75,14 +75,24 @@ class NonlinearProjection(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, r = cfg.n_embd, cfg.rank
-        self.in_norm = nn.RMSNorm(d, eps=cfg.norm_eps) if cfg.query_in_norm else nn.Identity()
+        self.eps = cfg.norm_eps
+        self.in_norm_weight = nn.Parameter(torch.ones(d)) if cfg.query_in_norm else None  # RMSNorm's gain g
         self.up = nn.Linear(d, r, bias=cfg.bias)  # W1
         self.act = ACTIVATION_MODULES[cfg.query_activation]()
         self.down = nn.Linear(r, d, bias=cfg.bias)  # W2
         self.out_norm = nn.LayerNorm(d, eps=cfg.norm_eps, bias=False) if cfg.query_out_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = self.out_norm(self.down(self.act(self.up(self.in_norm(x)))))  # (B, T, d)
+        if self.in_norm_weight is None:
+            h = self.up(x)  # (B, T, r)
+        else:
+            # RMSNorm(X) W1 = (X diag(g) W1) / rms(X): the same numbers without a normalised (B, T, d) copy of X,
+            # scaling the r-wide output instead. In eager mode on CPU nn.RMSNorm made the step ~10% slower.
+            inv_rms = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps)  # (B, T, 1)
+            h = F.linear(x, self.up.weight * self.in_norm_weight) * inv_rms  # (B, T, r)
+            if self.up.bias is not None:
+                h = h + self.up.bias
+        f = self.out_norm(self.down(self.act(h)))  # (B, T, d)
         return x + f
 
 
