@@ -129,6 +129,39 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
     print(tokenizer.decode(out[0].tolist()))
 
 
+def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nlq.report import build_report
+    from nlq.study import get_study, run_study
+
+    study = get_study(args.name)
+    run_study(study, args.out, overrides, data_dir=args.data)
+    build_report(args.out)
+    print(f"report: {args.out}/report.md")
+
+
+def cmd_report(args: argparse.Namespace, overrides: list[str]) -> None:
+    from pathlib import Path
+
+    from nlq.report import build_report
+
+    if overrides:
+        raise UserError(f"nlq report takes no config overrides (got {' '.join(overrides)})")
+    if not Path(args.study_dir).is_dir():
+        raise UserError(f"study directory {args.study_dir} does not exist")
+    print(build_report(args.study_dir))
+
+
+def cmd_reproduce(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nlq.report import build_report
+    from nlq.study import get_study, run_study
+
+    print(f"nlq reproduce: the `cpu` study into {args.out} (about 30 minutes on 2 CPU cores; "
+          f"run it again to continue after an interruption)", flush=True)
+    run_study(get_study("cpu"), args.out, overrides)
+    print(build_report(args.out))
+    print(f"report, results.csv and plots: {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nlq", description="Train and compare transformers with linear, identity or nonlinear query projections.",
@@ -177,6 +210,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=200)
     p.add_argument("--seed", type=int, default=1337)
     p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("study", help="run a named study (variants x seeds x lrs) and write its report")
+    p.add_argument("name", help="cpu, cpu-lr or paper")
+    p.add_argument("--out", required=True, help="study directory")
+    p.add_argument("--data", help="use this prepared data directory instead of preparing the study's own")
+    p.set_defaults(func=cmd_study)
+
+    p = sub.add_parser("report", help="tables, paired statistics and plots of a study")
+    p.add_argument("study_dir")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("reproduce", help="the main job: the cpu study on the offline corpus, with its report")
+    p.add_argument("--out", default="runs/reproduce", help="study directory (default runs/reproduce)")
+    p.set_defaults(func=cmd_reproduce)
     return parser
 
 

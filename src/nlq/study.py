@@ -1,0 +1,226 @@
+"""Studies: variants x seeds (x peak learning rates), every run of a seed on the identical batch plan.
+
+A study is code: a function returning a Study built from a base config plus per-variant deltas. Each run
+lives in its own run directory under STUDY_DIR/runs; starting a study again skips finished runs and
+resumes unfinished ones from their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nlq.config import RunConfig, apply_overrides, update
+from nlq.errors import UserError
+from nlq.presets import get_preset
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    changes: dict = field(default_factory=dict)  # nested {section: {field: value}}
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What `nlq prepare` makes for the study when no --data is given."""
+    source: str
+    tokenizer: str
+    val_fraction: float = 0.05
+
+
+@dataclass
+class Study:
+    name: str
+    description: str
+    base: RunConfig
+    variants: list[Variant]
+    seeds: list[int]
+    data: DataSpec
+    lrs: list[float] | None = None  # peak learning rates to sweep; None: the base's train.lr
+    baseline: str = "linear"
+    width_family: list[str] = field(default_factory=list)  # baselines that differ only in MLP width
+    min_lr_ratio: float = 0.1  # min_lr = ratio x peak lr when sweeping
+
+    def runs(self) -> list[Run]:
+        """Seed-major order, so an interrupted study has complete seeds to compare."""
+        lrs = self.lrs or [None]
+        return [Run(self, v, seed, lr) for seed in self.seeds for lr in lrs for v in self.variants]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "description": self.description, "baseline": self.baseline,
+                "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
+                "variants": [dataclasses.asdict(v) for v in self.variants], "data": dataclasses.asdict(self.data)}
+
+
+@dataclass(frozen=True)
+class Run:
+    study: Study
+    variant: Variant
+    seed: int
+    lr: float | None
+
+    @property
+    def name(self) -> str:
+        lr = f"-lr{self.lr:g}" if self.lr is not None else ""
+        return f"{self.variant.name}{lr}-s{self.seed}"
+
+    def config(self, overrides: list[str], data_dir: Path) -> RunConfig:
+        config = update(self.study.base, self.variant.changes)
+        train = {"seed": self.seed}
+        if self.lr is not None:
+            train.update(lr=self.lr, min_lr=self.lr * self.study.min_lr_ratio)
+        config = update(config, {"train": train, "data": {"dir": str(Path(data_dir).resolve())}})
+        return apply_overrides(config, overrides)
+
+
+# ---- the named studies -----------------------------------------------------------------------------
+
+def _paper_variants(mlp: bool = True) -> list[Variant]:
+    variants = [
+        Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
+        Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
+        Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)"),
+        Variant("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, linear control"),
+    ]
+    if mlp:
+        variants += [
+            Variant("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)"),
+            Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)"),
+        ]
+    return variants
+
+
+def cpu_base() -> RunConfig:
+    """The CPU comparison's model and recipe; why these numbers: docs/RESULTS.md."""
+    config = get_preset("micro")  # 4 layers, d 128, 4 heads, context 128
+    return update(config, {
+        "model": {"vocab_size": 2048},
+        "train": {"max_steps": 600, "batch_size": 16, "lr": 2e-3, "min_lr": 2e-4, "warmup_steps": 50,
+                  "eval_every": 100, "checkpoint_every": 100, "keep_checkpoints": 1, "log_every": 50},
+        "data": {"eval_windows": 256},
+    })
+
+
+CPU_DATA = DataSpec("shakespeare", "bpe:2048")
+WIDTH_FAMILY = ["linear", "linear-mlp4.5", "linear-mlp4.75"]
+
+
+def cpu() -> Study:
+    return Study("cpu", "the paper's comparison at CPU scale: 6 variants x 3 seeds on Shakespeare",
+                 cpu_base(), _paper_variants(), seeds=[1, 2, 3], data=CPU_DATA, width_family=WIDTH_FAMILY)
+
+
+def cpu_lr() -> Study:
+    base = update(cpu_base(), {"train": {"max_steps": 400, "eval_every": 100, "checkpoint_every": 100}})
+    return Study("cpu-lr", "each variant at several peak learning rates, compared at its best (paper.md section 6)",
+                 base, _paper_variants(), seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3],
+                 width_family=WIDTH_FAMILY)
+
+
+def paper() -> Study:
+    """GPT-3 small on OpenWebText with GPT-2 BPE, as the paper (for GPUs). The nonlinear run at the paper's
+    higher peak lr is included beside the lr-matched one."""
+    variants = [
+        Variant("linear", {"model": {"query": "linear"}}, "baseline, lr 6e-4"),
+        Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method at the baseline's lr"),
+        Variant("nonlinear-lr3.6e-3", {"model": {"query": "nonlinear"}, "train": {"lr": 3.6e-3, "min_lr": 2e-5}},
+                "the method at the paper's v3 lr"),
+        Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (+12.5%)"),
+    ]
+    return Study("paper", "the paper's GPT-3-small recipe (60k steps of 491,520 tokens)", get_preset("gpt3-small"),
+                 variants, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))
+
+
+STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper}
+
+
+def get_study(name: str) -> Study:
+    if name not in STUDIES:
+        raise UserError(f"unknown study {name!r}; valid studies: {', '.join(STUDIES)}")
+    return STUDIES[name]()
+
+
+# ---- running ---------------------------------------------------------------------------------------
+
+def run_finished(run_dir: Path, max_steps: int) -> bool:
+    summary = run_dir / "summary.json"
+    return summary.is_file() and json.loads(summary.read_text()).get("final_step") == max_steps
+
+
+def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=print) -> Path:
+    if data_dir:
+        return Path(data_dir)
+    from nlq.data.shards import prepare
+
+    out = study_dir / "data"
+    prepare(study.data.source, study.data.tokenizer, out, val_fraction=study.data.val_fraction, log=log)
+    return out
+
+
+def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
+              log=print) -> list[Path]:
+    """Run (or continue) every run of the study; returns the run directories."""
+    study_dir = Path(study_dir)
+    overrides = overrides or []
+    study_dir.mkdir(parents=True, exist_ok=True)
+    data = prepare_study_data(study, study_dir, data_dir, log)
+    runs = study.runs()
+    configs = [r.config(overrides, data) for r in runs]  # validate every run before the first starts
+    described = study.describe() | {
+        "overrides": overrides, "data_dir": str(Path(data).resolve()),
+        "runs": [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr} for r, c in zip(runs, configs)],
+    }
+    _write_json(study_dir / "study.json", described)
+    done_dirs, started, timed = [], time.perf_counter(), []
+    for index, (run, config) in enumerate(zip(runs, configs), start=1):
+        run_dir = study_dir / "runs" / run.name
+        done_dirs.append(run_dir)
+        if run_finished(run_dir, config.train.max_steps):
+            log(f"[{index}/{len(runs)}] {run.name}: finished earlier, skipped")
+            continue
+        eta = ""
+        if timed:
+            remaining = sum(1 for r, c in zip(runs[index - 1:], configs[index - 1:])
+                            if not run_finished(study_dir / "runs" / r.name, c.train.max_steps))
+            eta = f", study ETA {sum(timed) / len(timed) * remaining / 60:.1f} min"
+        log(f"[{index}/{len(runs)}] {run.name}: {run.variant.note or run.variant.name}{eta}")
+        run_start = time.perf_counter()
+        _train_run(config, run_dir)
+        timed.append(time.perf_counter() - run_start)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        log(f"[{index}/{len(runs)}] {run.name}: val loss {summary['val_loss']:.4f} "
+            f"({summary['tokens_per_s']:,.0f} tok/s, {timed[-1]:.0f}s)")
+    log(f"study {study.name}: {len(runs)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
+    return done_dirs
+
+
+def _train_run(config: RunConfig, run_dir: Path) -> None:
+    nproc = config.dist.nproc
+    if nproc == 1:
+        from nlq.training.trainer import train
+
+        train(config, run_dir, resume=True, quiet=True)
+        return
+    # several processes per run: torchrun, with the run's config in a file beside it
+    run_dir.mkdir(parents=True, exist_ok=True)
+    request = run_dir / "requested_config.json"
+    config.save(request)
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+               "-m", "nlq", "train", "--out", str(run_dir), "--config", str(request), "--resume"]
+    result = subprocess.run(command)
+    if result.returncode != 0:
+        raise UserError(f"run {run_dir.name} failed under torchrun (exit {result.returncode}); see its output above")
+
+
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    tmp.replace(path)
+

@@ -1,0 +1,154 @@
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_run_config
+from nlq.report import build_report, equivalent_params, fit_loss_vs_params, paired_difference, relative_change
+from nlq.study import DataSpec, Study, Variant, get_study, run_study
+
+TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
+        "--model.n_head=2", "--train.max_steps=3", "--train.eval_every=3", "--train.batch_size=4",
+        "--data.eval_windows=4", "--train.warmup_steps=1"]
+
+
+def tiny_study(byte_data, seeds=(1, 2)):
+    return Study("tiny", "two variants", tiny_run_config(byte_data, max_steps=4, eval_every=2, checkpoint_every=2),
+                 [Variant("linear", {"model": {"query": "linear"}}), Variant("nonlinear", {"model": {"query": "nonlinear"}})],
+                 seeds=list(seeds), data=DataSpec("unused", "byte"))
+
+
+def test_tiny_study_end_to_end(byte_data, tmp_path):
+    run_study(tiny_study(byte_data), tmp_path, data_dir=str(byte_data), log=lambda *_: None)
+    markdown = build_report(tmp_path)
+    for name in ("report.md", "results.csv", "val_curves.png", "loss_vs_params.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    table = [line for line in markdown.splitlines() if line.startswith("| linear") or line.startswith("| nonlinear")]
+    assert len(table) == 3  # two variant rows + one paired row
+    assert len((tmp_path / "results.csv").read_text().splitlines()) == 1 + 4
+    assert "| nonlinear | 2 |" in markdown  # paired over both seeds
+
+
+def test_same_seed_means_same_batches_across_variants(byte_data, tmp_path):
+    from nlq.study import Run
+
+    study = tiny_study(byte_data)
+    configs = [Run(study, v, 1, None).config([], byte_data) for v in study.variants]
+    assert configs[0].train == configs[1].train and configs[0].data == configs[1].data
+    assert configs[0].model.query != configs[1].model.query
+
+
+def test_interrupted_study_skips_finished_runs(byte_data, tmp_path, monkeypatch):
+    from nlq.training import trainer
+
+    real_train, calls = trainer.train, []
+
+    def flaky_train(config, run_dir, **kw):
+        calls.append(run_dir.name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_train(config, run_dir, **kw)
+
+    monkeypatch.setattr(trainer, "train", flaky_train)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(tiny_study(byte_data), tmp_path, data_dir=str(byte_data), log=lambda *_: None)
+    messages = []
+    calls.clear()
+    run_study(tiny_study(byte_data), tmp_path, data_dir=str(byte_data), log=messages.append)
+    assert sum("finished earlier, skipped" in m for m in messages) == 2
+    assert calls == ["linear-s2", "nonlinear-s2"]
+
+
+def test_named_cpu_study_runs_on_a_tiny_override(byte_data, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nlq", "study", "cpu", "--out", str(tmp_path), "--data", str(byte_data),
+                             *TINY], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = (tmp_path / "report.md").read_text()
+    for variant in ("linear", "nonlinear", "identity", "residual", "linear-mlp4.5", "linear-mlp4.75"):
+        assert f"| {variant} | " in report
+    assert len(json.loads((tmp_path / "study.json").read_text())["runs"]) == 18
+
+
+def test_paper_study_runs_end_to_end_on_a_tiny_override(byte_data, tmp_path):
+    overrides = [o for o in TINY if "batch_size" not in o] + ["--train.batch_tokens=128", "--train.batch_size=2",
+                                                              "--train.checkpoint_every=3", "--data.eval_windows=4"]
+    result = subprocess.run([sys.executable, "-m", "nlq", "study", "paper", "--out", str(tmp_path), "--data", str(byte_data),
+                             *overrides], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = json.loads((tmp_path / "runs" / "nonlinear-lr3.6e-3-s1337" / "config.json").read_text())
+    assert config["train"]["lr"] == 3.6e-3 and config["model"]["query"] == "nonlinear"
+    assert "| linear-mlp4.75 |" in (tmp_path / "report.md").read_text()
+
+
+def test_lr_sweep_reports_each_variant_at_its_best(byte_data, tmp_path):
+    study = tiny_study(byte_data, seeds=(1,))
+    study.lrs = [1e-4, 3e-3]
+    run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
+    markdown = build_report(tmp_path)
+    assert "| linear | 0.003 |" in markdown and "| nonlinear | 0.003 |" in markdown  # the tiny lr is far worse
+    assert "one seed: no interval" in markdown
+
+
+def test_unknown_study_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown study 'big'; valid studies: cpu, cpu-lr, paper"):
+        get_study("big")
+
+
+# ---- statistics against hand-computed values ---------------------------------------------------------
+
+def test_paired_difference_matches_hand_computation():
+    p = paired_difference([1.0, 1.1, 0.9], [1.2, 1.2, 1.2])
+    # d = [-0.2, -0.1, -0.3]: mean -0.2, sd 0.1, t(0.975, 2) = 4.302653
+    half = 4.302653 * 0.1 / math.sqrt(3)
+    assert p["mean"] == pytest.approx(-0.2) and p["low"] == pytest.approx(-0.2 - half, abs=1e-6)
+    assert p["high"] == pytest.approx(-0.2 + half, abs=1e-6) and p["verdict"] == "within noise"
+    assert paired_difference([1.0, 1.01, 0.99, 1.0], [1.1, 1.1, 1.1, 1.1])["verdict"] == "better"
+    assert paired_difference([1.2, 1.21, 1.19], [1.1, 1.1, 1.1])["verdict"] == "worse"
+
+
+def test_relative_change_and_parameter_fit():
+    assert relative_change(3.0, 2.94) == pytest.approx(0.02)
+    fit = fit_loss_vs_params([math.e, math.e ** 2, math.e ** 3], [3.0, 2.0, 1.0])
+    assert fit == pytest.approx((4.0, -1.0))
+    assert equivalent_params(fit, 2.5) == pytest.approx(math.e ** 1.5)
+    assert fit_loss_vs_params([1.0, 2.0], [1.0, 2.0]) is None  # loss rising with N: no equivalence
+
+
+def write_fake_study(root, losses):
+    """A study directory with hand-made finished runs: losses = {variant: {seed: (params, val_loss)}}."""
+    runs = []
+    for variant, seeds in losses.items():
+        for seed, (params, loss) in seeds.items():
+            name = f"{variant}-s{seed}"
+            run_dir = root / "runs" / name
+            run_dir.mkdir(parents=True)
+            (run_dir / "summary.json").write_text(json.dumps({"val_loss": loss, "val_bpb": loss / 2, "tokens_per_s": 1000.0,
+                                                               "non_embedding_parameters": params}))
+            (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "val_loss": loss + 1}) + "\n"
+                                                   + json.dumps({"step": 20, "val_loss": loss}) + "\n")
+            runs.append({"name": name, "variant": variant, "seed": seed, "lr": 1e-3})
+    study = {"name": "fake", "baseline": "linear", "width_family": ["linear", "wide"], "lrs": None,
+             "variants": [{"name": v} for v in losses], "runs": runs}
+    (root / "study.json").write_text(json.dumps(study))
+
+
+def test_report_numbers_on_synthetic_runs(tmp_path):
+    write_fake_study(tmp_path, {
+        "linear": {1: (1000, 3.0), 2: (1000, 3.1)},
+        "nonlinear": {1: (1000, 2.9), 2: (1000, 3.0)},
+        "wide": {1: (2000, 2.8), 2: (2000, 2.9)},
+    })
+    markdown = build_report(tmp_path)
+    # nonlinear: mean 2.95 vs 3.05 -> (3.05 - 2.95) / 3.05 = +3.28%; ppl: (e^3.05 - e^2.95) / e^3.05 = 1 - e^-0.1 = +9.52%
+    assert "| nonlinear | 0.001 | 2 | 1,000 | +0.00% | 2.9500 ± 0.0707 | 19.11 | +3.28% | +9.52% | 1,000 |" in markdown
+    # paired: d = [-0.1, -0.1], sd 0 -> interval collapses to the mean, verdict better
+    assert "| nonlinear | 2 | -0.1000 | [-0.1000, -0.1000] | better |" in markdown
+    # fit: loss = a + b ln N through (1000, 3.05), (2000, 2.85): b = -0.2 / ln 2; 2.95 is the midpoint -> N = 1000 sqrt(2)
+    assert "| nonlinear | 2.9500 | 1,414 | +41.4% |" in markdown
+
+
+def test_report_on_a_missing_study_is_a_clear_error(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nlq", "report", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 2 and "not a study directory" in result.stderr
