@@ -108,3 +108,15 @@ def test_biases_add_parameters():
     d, L, hidden = 32, 2, 128
     per_layer = d + 2 * d + d + hidden + d + 2 * d  # q, kv, o, mlp up, mlp down, two LN biases
     assert with_bias.num_parameters() - without.num_parameters() == L * per_layer + d  # + ln_f bias
+
+
+def test_seeded_init_shares_the_weights_variants_have_in_common():
+    linear = Transformer(tiny_model_config(query="linear"), seed=5)
+    nonlinear = Transformer(tiny_model_config(query="nonlinear"), seed=5)
+    a, b = linear.state_dict(), nonlinear.state_dict()
+    shared = [k for k in a if k in b]
+    assert len(shared) > 10 and all(torch.equal(a[k], b[k]) for k in shared)
+    other = Transformer(tiny_model_config(query="linear"), seed=6).state_dict()
+    assert not torch.equal(a["blocks.0.attn.kv_proj.weight"], other["blocks.0.attn.kv_proj.weight"])
+    again = Transformer(tiny_model_config(query="linear"), seed=5).state_dict()
+    assert all(torch.equal(a[k], again[k]) for k in a)

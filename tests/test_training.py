@@ -201,6 +201,7 @@ def test_cli_resume_continues_with_saved_config(trained_run, byte_data, tmp_path
     (["sample", "{run}", "--prompt", ""], "the prompt is empty"),
     (["sample", "{run}", "--prompt", "\udcff"], "not valid UTF-8"),
     (["eval", "{run}", "--text", "{tmp}/none.txt"], "does not exist"),
+    (["eval", "{run}", "--train.lr=1"], "takes only --data.* overrides"),
 ])
 def test_cli_bad_input_is_one_line(trained_run, byte_data, tmp_path, args, needle):
     (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")

@@ -72,44 +72,38 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
-    import torch
+    import math
+    from pathlib import Path
 
-    from nlq.config import update
+    from nlq.config import parse_overrides, update
     from nlq.data.batches import eval_starts
     from nlq.data.shards import load_data
     from nlq.generate import encode_text, load_model, loss_report, run_tokenizer, score_tokens
     from nlq.training.distributed import DistEnv
     from nlq.training.trainer import check_vocab, evaluate
 
+    raw = parse_overrides(overrides)
+    if set(raw) - {"data"}:
+        raise UserError("nlq eval takes only --data.* overrides (e.g. --data.eval_windows=512)")
     model, config, payload = load_model(args.run)
-    config = update(config, {k: v for k, v in _config_overrides(overrides).items() if k == "data"})
+    config = update(config, raw)
     if args.text:
-        from pathlib import Path
-
         path = Path(args.text)
         if not path.is_file():
             raise UserError(f"text file {path} does not exist")
-        raw = path.read_bytes()
-        text = raw.decode("utf-8", errors="replace")
-        ids = encode_text(run_tokenizer(payload["path"]), text, str(path))
-        result = loss_report(*score_tokens(model, ids), len(raw))
+        raw_bytes = path.read_bytes()
+        ids = encode_text(run_tokenizer(payload["path"]), raw_bytes.decode("utf-8", errors="replace"), str(path))
+        result = loss_report(*score_tokens(model, ids), len(raw_bytes))
         where = f"{path} ({result['tokens']:,} scored tokens)"
     else:
         data = load_data(args.data or config.data.dir)
         check_vocab(data, config.model)
         starts = eval_starts(data.val, config.model.block_size, config.data.eval_windows, config.data.eval_seed)
         loss = evaluate(model, data.val, starts, config.model.block_size, config.train.batch_size, DistEnv(), None)
-        result = loss_report(loss, 1, 1)
-        result["bpb"] = loss / torch.log(torch.tensor(2.0)).item() / data.bytes_per_token("val")
+        result = {"loss": loss, "ppl": math.exp(min(loss, 700)), "bpb": loss / math.log(2) / data.bytes_per_token("val")}
         where = f"{data.directory} val ({len(starts)} windows)"
     print(f"step {payload['step']} on {where}: loss {result['loss']:.4f}  perplexity {result['ppl']:.2f}  "
           f"bits/byte {result['bpb']:.4f}")
-
-
-def _config_overrides(overrides: list[str]) -> dict:
-    from nlq.config import parse_overrides
-
-    return parse_overrides(overrides)
 
 
 def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:

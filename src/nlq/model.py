@@ -6,6 +6,7 @@ values come from one linear d -> 2d projection.
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -83,7 +84,12 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """seed: initialise every weight from its own generator, seeded by (seed, parameter name), so that two
+    variants built with the same seed share every weight they have in common (embeddings, K/V, output,
+    MLP) and differ only where their architectures differ; a paired comparison then measures the
+    architecture, not the luck of the draw. None: draw from torch's global generator."""
+
+    def __init__(self, cfg: ModelConfig, seed: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
@@ -94,17 +100,22 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        self.apply(self._init_weights)
+        for name, module in self.named_modules():
+            self._init_weights(name, module, seed)
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def _init_weights(self, name: str, module: nn.Module, seed: int | None) -> None:
         """GPT-2: N(0, 0.02) everywhere; outputs that add into the residual stream get 0.02 / sqrt(2 L)."""
+        generator = None
+        if seed is not None and isinstance(module, (nn.Linear, nn.Embedding)) and module.weight.device.type != "meta":
+            digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
+            generator = torch.Generator(module.weight.device).manual_seed(int.from_bytes(digest, "little") >> 1)
         if isinstance(module, nn.Linear):
             std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if getattr(module, "is_residual_output", False) else 0.02
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=0.02, generator=generator)
 
     def forward(
         self,

@@ -191,6 +191,7 @@ class Trainer:
         self.spec = batch_spec(tcfg, cfg.model.block_size, env.world)
         self.payload = self._existing_checkpoint(resume)
         self.start_step = self.payload["step"] if self.payload else 0
+        distributed.barrier(env)  # every rank has looked at the run directory before rank 0 writes to it
         if env.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / "config.json")  # the resolved config, before step 0
@@ -198,8 +199,8 @@ class Trainer:
             truncate_metrics(run_dir / "metrics.jsonl", self.start_step if self.payload else -1)
         distributed.barrier(env)
 
-        torch.manual_seed(tcfg.seed)
-        self.model = Transformer(cfg.model).to(env.device)  # the bare model: checkpoints are taken from it
+        torch.manual_seed(tcfg.seed)  # dropout
+        self.model = Transformer(cfg.model, seed=tcfg.seed).to(env.device)  # the bare model: checkpoints are taken from it
         self.train_model = distributed.wrap(self.model, env, cfg.dist.strategy)
         self.optimizer = make_optimizer(self.model, tcfg, env.device, sharded=env.distributed and cfg.dist.strategy == "fsdp")
         if self.payload:
