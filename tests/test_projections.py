@@ -49,7 +49,7 @@ def reference_attention(attn, x, cfg, q, scale, causal):
         if causal:
             scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
         heads.append(scores.softmax(-1) @ v[..., sl])
-    return torch.cat(heads, dim=-1) @ attn.o_proj.weight.T
+    return torch.cat(heads, dim=-1) @ attn.o_proj.weight_proj.weight.T
 
 
 def randomize_norms(module):
@@ -138,3 +138,145 @@ def test_nonlinear_with_biases_matches_formula():
     h = rms_norm(x, proj.in_norm_weight, cfg.norm_eps) @ proj.up.weight.T + proj.up.bias
     f = layer_norm(F.gelu(h) @ proj.down.weight.T + proj.down.bias, proj.out_norm.weight, cfg.norm_eps)
     torch.testing.assert_close(proj(x), x + f)
+
+
+# ---- beyond the query: K, V and O placements, QK-norm, RoPE, GQA (a reference for each) --------------------
+
+def reference_full_attention(attn, x, cfg, causal=True, rotary=None):
+    """Every placement by its formula: P(X) = X W (linear), X (identity), (X + X W)/2, (X + f(X))/2."""
+    names = cfg.placements
+    hs, T = cfg.head_size, x.shape[1]
+
+    def apply(name, proj, inp):
+        if name == "nonlinear":
+            return reference_query("nonlinear", proj, inp, cfg)
+        return reference_query(name, proj, inp, cfg)
+
+    q = apply(names["q"], attn.q_proj, x)
+    if hasattr(attn, "kv_proj"):
+        kv = x @ attn.kv_proj.weight.T
+        k, v = kv.split(attn.kv_dim, dim=-1)
+    else:
+        k, v = apply(names["k"], attn.k_proj, x), apply(names["v"], attn.v_proj, x)
+    scale = (0.5 if names["q"] == "identity" else 1.0) / math.sqrt(hs)
+    group = cfg.n_head // cfg.kv_heads
+    heads = []
+    for h in range(cfg.n_head):
+        qh = q[..., h * hs:(h + 1) * hs]
+        g = h // group
+        kh, vh = k[..., g * hs:(g + 1) * hs], v[..., g * hs:(g + 1) * hs]
+        if cfg.qk_norm:
+            qh, kh = rms_norm(qh, attn.q_norm.weight, cfg.norm_eps), rms_norm(kh, attn.k_norm.weight, cfg.norm_eps)
+        if rotary is not None:
+            qh, kh = rotary(qh), rotary(kh)
+        scores = qh @ kh.transpose(-1, -2) * scale
+        if causal:
+            scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+        heads.append(scores.softmax(-1) @ vh)
+    y = torch.cat(heads, dim=-1)
+    return apply(names["o"], attn.o_proj, y)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "math"])
+@pytest.mark.parametrize("placements", [
+    dict(k="nonlinear"), dict(v="nonlinear"), dict(o="nonlinear"), dict(q="nonlinear", k="nonlinear"),
+    dict(k="residual", v="identity", o="residual"), dict(q="identity", v="nonlinear", o="identity"),
+])
+def test_each_placement_matches_its_formula(placements, impl):
+    from nlq.config import ProjectionsConfig
+
+    cfg = tiny_model_config(projections=ProjectionsConfig(**placements), attn_impl=impl)
+    attn = Attention(cfg).double()
+    randomize_norms(attn)
+    x = torch.randn(2, 7, cfg.n_embd, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), reference_full_attention(attn, x, cfg))
+
+
+@pytest.mark.parametrize("query", ["linear", "nonlinear"])
+def test_qk_norm_matches_reference(query):
+    cfg = tiny_model_config(query=query, qk_norm=True)
+    attn = Attention(cfg).double()
+    randomize_norms(attn)
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)
+        attn.k_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 7, cfg.n_embd, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), reference_full_attention(attn, x, cfg))
+
+
+def test_rope_matches_complex_rotation():
+    from nlq.model import rotary_tables
+
+    cfg = tiny_model_config(position="rope", query="nonlinear")
+    attn = Attention(cfg).double()
+    T, hs = 7, cfg.head_size
+    cos, sin = rotary_tables(hs, T, cfg.rope_theta)
+
+    def rotate(t):  # pair i = (t[i], t[i + hs/2]) as a complex number times e^{i pos theta^(-2i/hs)}
+        half = hs // 2
+        z = torch.complex(t[..., :half], t[..., half:])
+        pos = torch.arange(T, dtype=torch.float64)[:, None]
+        freq = cfg.rope_theta ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+        z = z * torch.polar(torch.ones_like(pos * freq), pos * freq)
+        return torch.cat([z.real, z.imag], dim=-1)
+
+    x = torch.randn(2, T, cfg.n_embd, dtype=torch.float64)
+    torch.testing.assert_close(attn(x, None, (cos.double(), sin.double())),
+                               reference_full_attention(attn, x, cfg, rotary=rotate))
+
+
+def test_rope_model_is_causal_and_has_no_position_embedding():
+    model = Transformer(tiny_model_config(position="rope"))
+    assert not hasattr(model, "pos_emb") and model.parameter_groups()["position embedding"] == 0
+    idx = torch.randint(0, 97, (1, 10))
+    changed = idx.clone()
+    changed[0, 6:] = (changed[0, 6:] + 1) % 97
+    model.eval()
+    torch.testing.assert_close(model(idx)[0][:, :6], model(changed)[0][:, :6])
+    shifted = torch.roll(idx, 1, dims=1)
+    assert not torch.allclose(model(idx)[0][:, 5], model(shifted)[0][:, 6])  # position matters
+
+
+def test_gqa_matches_reference_and_mha_with_repeated_kv_heads():
+    cfg = tiny_model_config(n_head=4, n_kv_head=2)
+    attn = Attention(cfg).double()
+    assert attn.kv_proj.weight.shape == (2 * 2 * cfg.head_size, cfg.n_embd)
+    x = torch.randn(2, 7, cfg.n_embd, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), reference_full_attention(attn, x, cfg))
+    mha = Attention(tiny_model_config(n_head=4)).double()
+    hs = cfg.head_size
+    k_w, v_w = attn.kv_proj.weight.split(2 * hs)
+    with torch.no_grad():
+        mha.q_proj.load_state_dict(attn.q_proj.state_dict())
+        mha.o_proj.load_state_dict(attn.o_proj.state_dict())
+        repeat = lambda w: w.view(2, hs, -1).repeat_interleave(2, dim=0).reshape(4 * hs, -1)  # noqa: E731
+        mha.kv_proj.weight.copy_(torch.cat([repeat(k_w), repeat(v_w)]))
+    torch.testing.assert_close(attn(x), mha(x))
+
+
+def test_gpt3_small_nonlinear_q_and_k_parameter_count():
+    from nlq.presets import get_preset
+    from nlq.config import apply_overrides
+
+    config = apply_overrides(get_preset("gpt3-small"), ["--model.query=nonlinear", "--model.projections.k=nonlinear"])
+    with torch.device("meta"):
+        model = Transformer(config.model)
+    assert model.num_parameters() == 84_990_720
+    config = apply_overrides(get_preset("gpt3-small"), ["--model.projections.v=nonlinear", "--model.projections.o=nonlinear"])
+    with torch.device("meta"):
+        assert Transformer(config.model).num_parameters() == 84_953_856 + 2 * 12 * 2 * 768
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["--model.n_kv_head=5"], "model.n_kv_head=5 must divide model.n_head=12"),
+    (["--model.n_kv_head=4", "--model.projections.k=nonlinear"], "needs linear key and value projections"),
+    (["--model.projections.v=cubic"], "model.projections.v='cubic'"),
+    (["--model.position=alibi"], "model.position='alibi'"),
+    (["--train.objective=mlm"], "needs a bidirectional encoder"),
+])
+def test_bad_beyond_the_paper_configs(overrides, needle):
+    from nlq.config import ConfigError, apply_overrides
+    from nlq.presets import get_preset
+
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        apply_overrides(get_preset("gpt3-small"), overrides)

@@ -61,14 +61,19 @@ def test_interrupted_study_skips_finished_runs(byte_data, tmp_path, monkeypatch)
     assert calls == ["linear-s2", "nonlinear-s2"]
 
 
-def test_named_cpu_study_runs_on_a_tiny_override(byte_data, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "nlq", "study", "cpu", "--out", str(tmp_path), "--data", str(byte_data),
-                             *TINY], capture_output=True, text=True)
+@pytest.mark.parametrize("name,variants,extra", [
+    ("cpu", ["linear", "nonlinear", "identity", "residual", "linear-mlp4.5", "linear-mlp4.75"], []),
+    ("encoder", ["linear", "nonlinear", "identity"], ["--model.vocab_size=258"]),
+    ("kvo", ["linear", "q-nonlinear", "k-nonlinear", "v-nonlinear", "o-nonlinear", "qk-nonlinear"], []),
+])
+def test_named_study_runs_on_a_tiny_override(byte_data, tmp_path, name, variants, extra):
+    result = subprocess.run([sys.executable, "-m", "nlq", "study", name, "--out", str(tmp_path), "--data", str(byte_data),
+                             *TINY, *extra], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     report = (tmp_path / "report.md").read_text()
-    for variant in ("linear", "nonlinear", "identity", "residual", "linear-mlp4.5", "linear-mlp4.75"):
+    for variant in variants:
         assert f"| {variant} | " in report
-    assert len(json.loads((tmp_path / "study.json").read_text())["runs"]) == 18
+    assert len(json.loads((tmp_path / "study.json").read_text())["runs"]) == 3 * len(variants)
 
 
 def test_paper_study_runs_end_to_end_on_a_tiny_override(byte_data, tmp_path):
@@ -92,7 +97,7 @@ def test_lr_sweep_reports_each_variant_at_its_best(byte_data, tmp_path):
 
 
 def test_unknown_study_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown study 'big'; valid studies: cpu, cpu-lr, paper"):
+    with pytest.raises(ValueError, match="unknown study 'big'; valid studies: cpu, cpu-lr, paper, encoder, kvo"):
         get_study("big")
 
 

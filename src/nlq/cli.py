@@ -76,11 +76,10 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
     from pathlib import Path
 
     from nlq.config import parse_overrides, update
-    from nlq.data.batches import eval_starts
     from nlq.data.shards import load_data
     from nlq.generate import encode_text, load_model, loss_report, run_tokenizer, score_tokens
     from nlq.training.distributed import DistEnv
-    from nlq.training.trainer import check_vocab, evaluate
+    from nlq.training.trainer import check_vocab, evaluate, make_eval_set
 
     raw = parse_overrides(overrides)
     if set(raw) - {"data"}:
@@ -88,6 +87,8 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
     model, config, payload = load_model(args.run)
     config = update(config, raw)
     if args.text:
+        if config.train.objective != "clm":
+            raise UserError("--text scores next-token prediction, and this run is a masked LM; use --data instead")
         path = Path(args.text)
         if not path.is_file():
             raise UserError(f"text file {path} does not exist")
@@ -97,13 +98,19 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
         where = f"{path} ({result['tokens']:,} scored tokens)"
     else:
         data = load_data(args.data or config.data.dir)
-        check_vocab(data, config.model)
-        starts = eval_starts(data.val, config.model.block_size, config.data.eval_windows, config.data.eval_seed)
-        loss = evaluate(model, data.val, starts, config.model.block_size, config.train.batch_size, DistEnv(), None)
-        result = {"loss": loss, "ppl": math.exp(min(loss, 700)), "bpb": loss / math.log(2) / data.bytes_per_token("val")}
-        where = f"{data.directory} val ({len(starts)} windows)"
-    print(f"step {payload['step']} on {where}: loss {result['loss']:.4f}  perplexity {result['ppl']:.2f}  "
-          f"bits/byte {result['bpb']:.4f}")
+        check_vocab(data, config.model, config.train.objective)
+        eval_set = make_eval_set(config, data)
+        result = evaluate(model, eval_set, config.train.batch_size, DistEnv(), None)
+        result["ppl"] = math.exp(min(result["loss"], 700))
+        if config.train.objective == "clm":
+            result["bpb"] = result["loss"] / math.log(2) / data.bytes_per_token("val")
+        where = f"{data.directory} val ({len(eval_set.starts)} windows{', masked LM' if config.train.objective == 'mlm' else ''})"
+    line = f"step {payload['step']} on {where}: loss {result['loss']:.4f}  perplexity {result['ppl']:.2f}"
+    if "bpb" in result:
+        line += f"  bits/byte {result['bpb']:.4f}"
+    if "accuracy" in result:
+        line += f"  accuracy {result['accuracy']:.4f}"
+    print(line)
 
 
 def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -116,6 +123,8 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.max_new_tokens < 1 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
         raise UserError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
     model, config, payload = load_model(args.run)
+    if not config.model.causal:
+        raise UserError("nlq sample needs a causal (decoder) model; this run is a bidirectional encoder")
     tokenizer = run_tokenizer(payload["path"])
     ids = encode_text(tokenizer, args.prompt, "the prompt")
     generator = torch.Generator().manual_seed(args.seed)
@@ -222,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     unknown = [a for a in rest if not (a.startswith("--") and "." in a.split("=")[0])]

@@ -39,6 +39,25 @@ def _one_of(section: str, name: str, value: Any, choices: tuple) -> None:
 
 
 @dataclass
+class ProjectionsConfig:
+    """Which projection (projections.py) computes each of Q, K, V and the attention output.
+    q=None means model.query, the shorthand for the query."""
+
+    q: str | None = None
+    k: str = "linear"
+    v: str = "linear"
+    o: str = "linear"
+
+    def __post_init__(self) -> None:
+        from nlq.projections import PROJECTIONS
+
+        for name in ("q", "k", "v", "o"):
+            value = getattr(self, name)
+            if value is not None or name != "q":
+                _one_of("model.projections", name, value, tuple(PROJECTIONS))
+
+
+@dataclass
 class ModelConfig:
     vocab_size: int = 50304
     block_size: int = 1024  # context length in tokens
@@ -56,9 +75,15 @@ class ModelConfig:
     query_activation: str = "gelu"
     query_in_norm: bool = True  # RMSNorm before W1
     query_out_norm: bool = True  # LayerNorm after W2
-    attn_scale: float | None = None  # explicit softmax scale; None: projection's multiplier / sqrt(head size)
+    projections: ProjectionsConfig = field(default_factory=ProjectionsConfig)  # per-placement choice (q, k, v, o)
+    attn_scale: float | None = None  # explicit softmax scale; None: see Attention in model.py
     attn_impl: str = "sdpa"  # "sdpa" (fused kernels) or "math" (explicit softmax(QK^T)V)
     norm_eps: float = 1e-5
+    # LLaMA-style options, usable with any projection
+    qk_norm: bool = False  # per-head RMSNorm on q and k before the dot product
+    position: str = "learned"  # "learned" absolute positions or "rope" (rotary, no position embedding)
+    rope_theta: float = 10000.0
+    n_kv_head: int | None = None  # grouped-query attention: key/value heads; None means n_head
 
     def __post_init__(self) -> None:
         from nlq.projections import PROJECTIONS
@@ -79,6 +104,14 @@ class ModelConfig:
         _check(self.attn_scale is None or self.attn_scale > 0, f"model.attn_scale={self.attn_scale} must be > 0")
         _one_of("model", "attn_impl", self.attn_impl, ATTN_IMPLS)
         _check(self.norm_eps > 0, f"model.norm_eps={self.norm_eps} must be > 0")
+        _one_of("model", "position", self.position, POSITIONS)
+        _check(self.position != "rope" or self.head_size % 2 == 0,
+               f"model.position=rope needs an even head size (n_embd / n_head = {self.head_size})")
+        kv = self.kv_heads
+        _check(kv > 0 and self.n_head % kv == 0,
+               f"model.n_kv_head={self.n_kv_head} must divide model.n_head={self.n_head}")
+        _check(kv == self.n_head or (self.projections.k == "linear" and self.projections.v == "linear"),
+               f"model.n_kv_head={self.n_kv_head} (grouped-query attention) needs linear key and value projections")
 
     @property
     def head_size(self) -> int:
@@ -87,6 +120,16 @@ class ModelConfig:
     @property
     def mlp_hidden(self) -> int:
         return int(round(self.mlp_ratio * self.n_embd))
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def placements(self) -> dict[str, str]:
+        """The projection name of each placement, with model.query standing for q."""
+        p = self.projections
+        return {"q": p.q or self.query, "k": p.k, "v": p.v, "o": p.o}
 
     @property
     def rank(self) -> int:
@@ -129,8 +172,12 @@ class TrainConfig:
     peak_tflops: float | None = None  # for the MFU estimate; None: known GPUs only
     tensorboard: bool = False
     wandb: bool = False
+    objective: str = "clm"  # "clm": next-token prediction (causal); "mlm": BERT-style masked LM (encoder)
+    mask_prob: float = 0.15  # mlm: share of positions chosen (80% mask token, 10% random, 10% unchanged)
 
     def __post_init__(self) -> None:
+        _one_of("train", "objective", self.objective, ("clm", "mlm"))
+        _check(0 < self.mask_prob < 1, f"train.mask_prob={self.mask_prob} must be in (0, 1)")
         for name in ("max_steps", "batch_size", "eval_every", "log_every", "keep_checkpoints"):
             value = getattr(self, name)
             _check(value > 0, f"train.{name}={value} must be a positive integer")
@@ -170,6 +217,10 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.objective == "mlm" and self.model.causal:
+            raise ConfigError("train.objective=mlm needs a bidirectional encoder: set --model.causal=false")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -262,37 +313,48 @@ def _convert(key: str, value: Any, annotation: Any) -> Any:
     raise ConfigError(f"{key}={value!r} is not a valid {expected}")
 
 
+def _update_section(current: Any, values: dict, prefix: str) -> Any:
+    """A copy of one config dataclass with values applied; nested dataclasses (model.projections) recurse."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"config section {prefix!r} must be a mapping of field: value")
+    types_ = _field_types(type(current))
+    changes = {}
+    for name, value in values.items():
+        if name not in types_:
+            raise ConfigError(f"unknown config key {prefix}.{name}; valid keys in {prefix}: {', '.join(types_)}")
+        if dataclasses.is_dataclass(types_[name]):
+            changes[name] = _update_section(getattr(current, name), value, f"{prefix}.{name}")
+        else:
+            changes[name] = _convert(f"{prefix}.{name}", value, types_[name])
+    return dataclasses.replace(current, **changes)
+
+
 def update(config: RunConfig, raw: dict) -> RunConfig:
     """A copy of config with the nested {section: {field: value}} values applied and validated."""
     sections = {}
     for section, values in raw.items():
         if section not in SECTIONS:
             raise ConfigError(f"unknown config section {section!r}; valid sections: {', '.join(SECTIONS)}")
-        if not isinstance(values, dict):
-            raise ConfigError(f"config section {section!r} must be a mapping of field: value")
-        current = getattr(config, section)
-        types_ = _field_types(type(current))
-        changes = {}
-        for name, value in values.items():
-            if name not in types_:
-                raise ConfigError(
-                    f"unknown config key {section}.{name}; valid keys in {section}: {', '.join(types_)}"
-                )
-            changes[name] = _convert(f"{section}.{name}", value, types_[name])
-        sections[section] = dataclasses.replace(current, **changes)
+        sections[section] = _update_section(getattr(config, section), values, section)
     return dataclasses.replace(config, **sections)
 
 
 def parse_overrides(args: list[str]) -> dict:
-    """Turn ["--train.lr=1e-3", "--model.query=nonlinear"] into {"train": {"lr": "1e-3"}, ...}."""
-    raw: dict[str, dict[str, str]] = {}
+    """Turn ["--train.lr=1e-3", "--model.projections.k=nonlinear"] into
+    {"train": {"lr": "1e-3"}, "model": {"projections": {"k": "nonlinear"}}}."""
+    raw: dict = {}
     for arg in args:
         body = arg[2:] if arg.startswith("--") else arg
         key, sep, value = body.partition("=")
-        section, dot, name = key.partition(".")
-        if not arg.startswith("--") or not sep or not dot or not name:
+        path = key.split(".")
+        if not arg.startswith("--") or not sep or len(path) < 2 or not all(path):
             raise ConfigError(f"cannot read argument {arg!r}; overrides look like --section.field=value")
-        raw.setdefault(section, {})[name] = value
+        node = raw
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"argument {arg!r} sets a field inside {'.'.join(path[:-1])}, which is a value")
+        node[path[-1]] = value
     return raw
 
 

@@ -1,7 +1,8 @@
 """The Transformer, in one file: a pre-LN GPT (causal=True) or a bidirectional encoder (causal=False).
 
-Only the query projection varies between the variants the paper compares (projections.py); keys and
-values come from one linear d -> 2d projection.
+The research axis is which projection (projections.py) computes the query — and, beyond the paper, the
+key, value and attention output. Keys and values default to one linear d -> 2 d_kv projection.
+LLaMA-style options: QK-norm, rotary positions, grouped-query attention.
 """
 
 from __future__ import annotations
@@ -17,24 +18,71 @@ from nlq.config import ModelConfig
 from nlq.projections import build_projection
 
 
+def rotary_tables(head_size: int, length: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position x frequency, each (length, head_size / 2)."""
+    freqs = theta ** (-torch.arange(0, head_size, 2, device=device, dtype=torch.float32) / head_size)
+    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[i], x[i + hs/2]) of x (B, h, T, hs) by position-dependent angles (GPT-NeoX layout)."""
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_head, self.head_size, self.n_embd = cfg.n_head, cfg.head_size, cfg.n_embd
+        self.n_head, self.n_kv_head, self.head_size = cfg.n_head, cfg.kv_heads, cfg.head_size
         self.causal, self.impl, self.dropout = cfg.causal, cfg.attn_impl, cfg.dropout
-        self.q_proj = build_projection(cfg.query, cfg)
-        self.kv_proj = nn.Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)
-        self.o_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.o_proj.is_residual_output = True
-        # The projection's multiplier (1/2 for Q = (X + f(X)) / 2) lives in the softmax scale.
-        self.scale = cfg.attn_scale or self.q_proj.score_multiplier / math.sqrt(cfg.head_size)
+        names = cfg.placements
+        self.q_proj = build_projection(names["q"], cfg)
+        self.kv_dim = cfg.kv_heads * cfg.head_size
+        if names["k"] == names["v"] == "linear":
+            self.kv_proj = nn.Linear(cfg.n_embd, 2 * self.kv_dim, bias=cfg.bias)  # one d -> 2 d_kv matmul
+        else:
+            self.k_proj, self.v_proj = build_projection(names["k"], cfg), build_projection(names["v"], cfg)
+        self.o_proj = build_projection(names["o"], cfg)
+        if names["o"] == "linear":
+            self.o_proj.weight_proj.is_residual_output = True
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps)
+        # The projections' 1/2 (Q = (X + f(X)) / 2) lives in the softmax scale, except under QK-norm,
+        # which must see the halved q and k (its eps makes the norm not quite scale-free).
+        multiplier = self.q_proj.query_scale
+        if not cfg.qk_norm:
+            multiplier *= self.q_proj.output_scale * self._k_output_scale()
+        self.scale = cfg.attn_scale or multiplier / math.sqrt(cfg.head_size)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _k_output_scale(self) -> float:
+        return self.k_proj.output_scale if hasattr(self, "k_proj") else 1.0
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q = self.q_proj(x)  # (B, T, C)
-        k, v = self.kv_proj(x).split(self.n_embd, dim=2)  # (B, T, C) each
-        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if hasattr(self, "kv_proj"):
+            k, v = self.kv_proj(x).split(self.kv_dim, dim=2)  # (B, T, d_kv) each
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+            if self.v_proj.output_scale != 1.0:
+                v = v * self.v_proj.output_scale
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        k, v = (t.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2) for t in (k, v))  # (B, nkv, T, hs)
+        if self.qk_norm:
+            q_scale, k_scale = self.q_proj.output_scale, self._k_output_scale()
+            q = self.q_norm(q * q_scale if q_scale != 1.0 else q)
+            k = self.k_norm(k * k_scale if k_scale != 1.0 else k)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if self.n_kv_head != self.n_head:  # grouped-query attention: each kv head serves n_head / n_kv_head queries
+            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
         if self.impl == "sdpa":
             y = F.scaled_dot_product_attention(
@@ -44,7 +92,10 @@ class Attention(nn.Module):
         else:
             y = self._math_attention(q, k, v, attn_mask, dropout)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_dropout(self.o_proj(y))
+        out = self.o_proj(y)
+        if self.o_proj.output_scale != 1.0:
+            out = out * self.o_proj.output_scale
+        return self.resid_dropout(out)
 
     def _math_attention(self, q, k, v, attn_mask, dropout):
         """softmax(q k^T * scale + mask) v, written out; the reference the sdpa path must match."""
@@ -78,8 +129,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), attn_mask)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rotary=None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), attn_mask, rotary)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -93,7 +144,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        if cfg.position == "learned":
+            self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        else:  # rotary: positions enter as rotations of q and k, no parameters
+            cos, sin = rotary_tables(cfg.head_size, cfg.block_size, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
@@ -129,11 +185,16 @@ class Transformer(nn.Module):
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than model.block_size={self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        x = self.tok_emb(idx)  # (B, T, C)
+        rotary = None
+        if self.cfg.position == "learned":
+            x = x + self.pos_emb(torch.arange(T, device=idx.device))
+        else:
+            rotary = (self.rope_cos[:T], self.rope_sin[:T])  # (T, hs / 2) each
+        x = self.drop(x)
         attn_mask = self._attention_mask(padding_mask, T)
         for block in self.blocks:
-            x = block(x, attn_mask)
+            x = block(x, attn_mask, rotary)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         loss = None
         if targets is not None:
@@ -177,7 +238,8 @@ class Transformer(nn.Module):
 
 PARAMETER_KINDS = [
     ("tok_emb", "token embedding"), ("pos_emb", "position embedding"), ("attn.q_proj", "attention query"),
-    ("attn.kv_proj", "attention key/value"), ("attn.o_proj", "attention output"), ("mlp.", "mlp"),
+    ("attn.kv_proj", "attention key/value"), ("attn.k_proj", "attention key/value"),
+    ("attn.v_proj", "attention key/value"), ("attn.o_proj", "attention output"), ("mlp.", "mlp"),
     ("lm_head", "lm head (untied)"),
 ]
 

@@ -52,7 +52,13 @@ def small() -> RunConfig:
                 lr=6e-4, min_lr=6e-5)
 
 
-PRESETS = {"gpt3-small": gpt3_small, "nano": nano, "micro": micro, "mini": mini, "small": small}
+def encoder() -> RunConfig:
+    """micro as a bidirectional encoder trained with masked LM; vocabulary 8256 holds bpe:8192 + the mask token."""
+    config = _cpu(ModelConfig(vocab_size=8256, block_size=128, n_layer=4, n_head=4, n_embd=128, causal=False))
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, objective="mlm"))
+
+
+PRESETS = {"gpt3-small": gpt3_small, "nano": nano, "micro": micro, "mini": mini, "small": small, "encoder": encoder}
 
 
 def get_preset(name: str) -> RunConfig:

@@ -1,9 +1,12 @@
-"""The research axis: how attention projects its input into queries.
+"""The research axis: how attention projects its input into queries (and keys, values, output).
 
-Every projection is a small nn.Module mapping (B, T, d) -> (B, T, d) with one class attribute,
-`score_multiplier`: the factor the attention folds into its softmax scale. The paper computes
-Q = (X + f(X)) / 2 by keeping X + f(X) and halving the scale, 1 / (2 sqrt(hs)); the two are the same
-computation, and folding it into the scale saves an elementwise pass.
+Every projection is a small nn.Module mapping (B, T, d) -> (B, T, d) with two class attributes:
+- `output_scale`: the factor that turns forward()'s output into the formula's value. The paper computes
+  Q = (X + f(X)) / 2 by keeping X + f(X) and halving the softmax scale, 1 / (2 sqrt(hs)); the two are the
+  same computation, and folding the 1/2 into the scale saves an elementwise pass. Attention folds it
+  into the scale for q and k, and multiplies it in for v and o.
+- `query_scale`: an extra softmax-scale factor when the projection computes the query. Only identity
+  has one (1/2): the predecessor paper halves the attention scale when it drops W_Q.
 
 Adding a variant = one class + one PROJECTIONS entry + one case in tests/test_projections.py.
 """
@@ -30,7 +33,7 @@ ACTIVATION_MODULES = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "relu2"
 class LinearProjection(nn.Module):
     """Q = X W_Q: the standard baseline."""
 
-    score_multiplier = 1.0
+    output_scale, query_scale = 1.0, 1.0
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -44,7 +47,7 @@ class IdentityProjection(nn.Module):
     """Q = X, no weights (Karbevski & Mijoski): W_Q is absorbed by the layers that write X.
     The predecessor paper halves the attention scale for this variant."""
 
-    score_multiplier = 0.5
+    output_scale, query_scale = 1.0, 0.5
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -56,7 +59,7 @@ class IdentityProjection(nn.Module):
 class ResidualProjection(nn.Module):
     """Q = (X + X W_Q) / 2: still linear, a control for the residual form of the method."""
 
-    score_multiplier = 0.5
+    output_scale, query_scale = 0.5, 1.0
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -70,7 +73,7 @@ class NonlinearProjection(nn.Module):
     """Q = (X + f(X)) / 2 with f(X) = LayerNorm(act(RMSNorm(X) W1) W2), W1: d x r, W2: r x d.
     With r = d/2 the two matrices hold d^2 weights, the same as W_Q (parameter parity)."""
 
-    score_multiplier = 0.5
+    output_scale, query_scale = 0.5, 1.0
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -36,6 +36,7 @@ class RunResult:
     val_bpb: float
     tokens_per_s: float
     curve: list[tuple[int, float]]  # (step, val loss)
+    val_acc: float | None = None  # next-token or masked-token accuracy
 
 
 # ---- statistics (pure functions, tested against hand-computed values) --------------------------------
@@ -92,7 +93,8 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
             continue
         curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
         results.append(RunResult(run["name"], run["variant"], run["seed"], run["lr"], summary["non_embedding_parameters"],
-                                 summary["val_loss"], summary["val_bpb"], summary["tokens_per_s"], curve))
+                                 summary["val_loss"], summary.get("val_bpb") or math.nan, summary["tokens_per_s"],
+                                 curve, summary.get("val_acc")))
     if not results:
         raise UserError(f"{study_dir} has no finished runs yet; run nlq study first")
     return study, results
@@ -172,7 +174,9 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
         interval = f"[{p['low']:+.4f}, {p['high']:+.4f}]" if not math.isnan(p["low"]) else "n/a"
         lines.append(f"| {variant} | {p['n']} | {p['mean']:+.4f} | {interval} | {p['verdict']} |")
     lines += ["", "## Parameter equivalence", ""]
-    if fit is None:
+    if not study.get("width_family"):
+        lines.append("This study has no family of wider linear baselines, so no parameter equivalent is fitted.")
+    elif fit is None:
         lines.append("No fit: the baseline width family (" + (", ".join(family) or "none") + ") does not show val loss "
                      "falling with parameters at this scale, so no parameter equivalent can be stated.")
     else:

@@ -118,10 +118,39 @@ def cpu() -> Study:
 
 
 def cpu_lr() -> Study:
-    base = update(cpu_base(), {"train": {"max_steps": 400, "eval_every": 100, "checkpoint_every": 100}})
+    base = update(cpu_base(), {"train": {"max_steps": 300, "warmup_steps": 30, "eval_every": 100,
+                                         "checkpoint_every": 100}})
+    variants = _paper_variants() + [
+        Variant("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
+    ]
     return Study("cpu-lr", "each variant at several peak learning rates, compared at its best (paper.md section 6)",
-                 base, _paper_variants(), seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3],
-                 width_family=WIDTH_FAMILY)
+                 base, variants, seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3], width_family=WIDTH_FAMILY)
+
+
+def encoder() -> Study:
+    """The W_Q absorption argument holds for any mask; here the encoder, trained with masked LM."""
+    base = update(cpu_base(), {"model": {"causal": False, "vocab_size": 2112},  # bpe:2048 + mask token
+                               "train": {"objective": "mlm"}})
+    variants = [v for v in _paper_variants(mlp=False) if v.name in ("linear", "nonlinear", "identity")]
+    return Study("encoder", "masked-LM encoder on Shakespeare: linear vs nonlinear vs identity query",
+                 base, variants, seeds=[1, 2, 3], data=CPU_DATA)
+
+
+def kvo() -> Study:
+    """Which placements of the nonlinear projection help: q (the paper), k, v, o, and q + k."""
+    def placed(name: str, note: str, **projections) -> Variant:
+        return Variant(name, {"model": {"projections": projections}}, note)
+
+    variants = [
+        placed("linear", "baseline: every projection linear"),
+        placed("q-nonlinear", "Q = (X + f(X)) / 2, the paper", q="nonlinear"),
+        placed("k-nonlinear", "K = (X + f(X)) / 2", k="nonlinear"),
+        placed("v-nonlinear", "V = (X + f(X)) / 2", v="nonlinear"),
+        placed("o-nonlinear", "output = (Y + f(Y)) / 2", o="nonlinear"),
+        placed("qk-nonlinear", "both Q and K nonlinear", q="nonlinear", k="nonlinear"),
+    ]
+    return Study("kvo", "the nonlinear projection at each placement: q, k, v, o, q+k", cpu_base(), variants,
+                 seeds=[1, 2, 3], data=CPU_DATA)
 
 
 def paper() -> Study:
@@ -138,7 +167,7 @@ def paper() -> Study:
                  variants, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))
 
 
-STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper}
+STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper, "encoder": encoder, "kvo": kvo}
 
 
 def get_study(name: str) -> Study:

@@ -15,6 +15,8 @@ from nlq.errors import UserError
 
 _EVAL_STREAM = 0xE7A1  # keeps the eval windows' random stream apart from the training steps'
 _EPOCH_STREAM = 0xE90C
+_MLM_STREAM = 0x3A5C
+IGNORE = -100  # target of a position that is not scored
 
 
 def step_rng(seed: int, step: int, stream: int = 0) -> np.random.Generator:
@@ -66,6 +68,15 @@ class BatchPlan:
         """(x, y) int64 tensors of shape (rows, context); y is x shifted by one token."""
         return windows(self.tokens, self.rows(step, rank, world, micro, n_micro), self.context)
 
+    def mlm_batch(self, step: int, rank: int, world: int, micro: int, n_micro: int, mask_id: int,
+                  vocab_size: int, prob: float):
+        """Masked-LM (inputs, targets): the same windows as batch(), masked by (seed, step, global row)."""
+        per_micro = self.global_rows // (world * n_micro)
+        first = (rank * n_micro + micro) * per_micro
+        seeds = [(self.seed, step, row) for row in range(first, first + per_micro)]
+        return mlm_windows(self.tokens, self.rows(step, rank, world, micro, n_micro), self.context, seeds,
+                           mask_id, vocab_size, prob)
+
 
 def windows(tokens: np.ndarray, starts: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:
     block = np.stack([np.asarray(tokens[s:s + context + 1], dtype=np.int64) for s in starts])  # (B, T + 1)
@@ -79,3 +90,25 @@ def eval_starts(tokens: np.ndarray, context: int, n_windows: int, seed: int) -> 
         raise UserError(f"the val split has {len(tokens)} tokens, fewer than one window of {context + 1}; "
                         f"use a shorter model.block_size or a larger --val-fraction")
     return np.random.default_rng([seed, _EVAL_STREAM]).integers(0, len(tokens) - context, size=n_windows)
+
+
+def mask_tokens(tokens: torch.Tensor, rng: np.random.Generator, mask_id: int, vocab_size: int,
+                prob: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking of one window (T,): choose each position with probability prob; of those, 80% become
+    mask_id, 10% a random token, 10% stay. Returns (inputs, targets) with targets IGNORE where not chosen."""
+    chosen = torch.from_numpy(rng.random(tokens.shape) < prob)
+    action = torch.from_numpy(rng.random(tokens.shape))
+    random_ids = torch.from_numpy(rng.integers(0, vocab_size, size=tokens.shape))
+    inputs = torch.where(chosen & (action < 0.8), mask_id, tokens)
+    inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, torch.where(chosen, tokens, IGNORE)
+
+
+def mlm_windows(tokens: np.ndarray, starts: np.ndarray, context: int, row_seeds: list[tuple[int, ...]],
+                mask_id: int, vocab_size: int, prob: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked-LM inputs and targets (B, T) of the windows at starts; row i's masking comes from the
+    generator seeded with row_seeds[i], so it is the same on every rank, run and resume."""
+    x, _ = windows(tokens, starts, context)
+    pairs = [mask_tokens(row, np.random.default_rng([*seed, _MLM_STREAM]), mask_id, vocab_size, prob)
+             for row, seed in zip(x, row_seeds)]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])

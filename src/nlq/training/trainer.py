@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from nlq.config import ModelConfig, RunConfig, TrainConfig
-from nlq.data.batches import BatchPlan, eval_starts, windows
+from nlq.data.batches import IGNORE, BatchPlan, eval_starts, mlm_windows, windows
 from nlq.data.shards import TokenData, load_data
 from nlq.data.tokenizers import GPT2_FILES
 from nlq.errors import UserError
@@ -110,28 +111,61 @@ def unigram_entropy(tokens: np.ndarray, vocab_size: int, block: int = 1 << 26) -
     return float(-(p * np.log(p)).sum())
 
 
+@dataclass(frozen=True)
+class EvalSet:
+    """The fixed eval windows of a run, and how they become (inputs, targets) for its objective."""
+
+    tokens: np.ndarray
+    starts: np.ndarray
+    context: int
+    objective: str = "clm"
+    mask_id: int = 0
+    vocab_size: int = 0
+    mask_prob: float = 0.15
+    seed: int = 0
+
+    def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self.starts[indices]
+        if self.objective == "clm":
+            return windows(self.tokens, starts, self.context)
+        seeds = [(self.seed, _EVAL_MASK_STREAM, int(i)) for i in indices]  # fixed masks, like the windows
+        return mlm_windows(self.tokens, starts, self.context, seeds, self.mask_id, self.vocab_size, self.mask_prob)
+
+
+_EVAL_MASK_STREAM = 0xE7A2
+
+
+def make_eval_set(config: RunConfig, data: TokenData) -> EvalSet:
+    context = config.model.block_size
+    starts = eval_starts(data.val, context, config.data.eval_windows, config.data.eval_seed)
+    return EvalSet(data.val, starts, context, config.train.objective, mask_id=data.vocab_size,
+                   vocab_size=data.vocab_size, mask_prob=config.train.mask_prob, seed=config.data.eval_seed)
+
+
 @torch.no_grad()
-def evaluate(model, tokens: np.ndarray, starts: np.ndarray, context: int, batch_rows: int, env: DistEnv,
-             dtype: torch.dtype | None) -> float:
-    """Mean loss over fixed windows, split over ranks; every rank runs the same number of forward passes
-    (FSDP needs that), padding with zero-weight windows."""
+def evaluate(model, eval_set: EvalSet, batch_rows: int, env: DistEnv, dtype: torch.dtype | None) -> dict:
+    """Loss (nats per scored token) and accuracy over the fixed eval windows, split over ranks. Every rank
+    runs the same number of forward passes (FSDP needs that), padding with a batch that counts zero."""
     was_training = model.training
     model.eval()
-    mine = np.array_split(starts, env.world)[env.rank]
-    n_batches = math.ceil(math.ceil(len(starts) / env.world) / batch_rows)
-    total = torch.zeros(2, dtype=torch.float64, device=env.device)  # sum of losses x rows, rows
+    mine = np.array_split(np.arange(len(eval_set.starts)), env.world)[env.rank]
+    n_batches = math.ceil(math.ceil(len(eval_set.starts) / env.world) / batch_rows)
+    total = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss sum, scored tokens, correct
     for b in range(n_batches):
         rows = mine[b * batch_rows:(b + 1) * batch_rows]
-        weight = len(rows)
-        if weight == 0:
-            rows = starts[:1]
-        x, y = (t.to(env.device) for t in windows(tokens, rows, context))
+        counts = len(rows) > 0
+        x, y = (t.to(env.device) for t in eval_set.batch(rows if counts else np.arange(1)))
         with _autocast(env.device, dtype):
-            _, loss = model(x, y)
-        total += torch.stack([loss.double() * weight, torch.tensor(float(weight), device=env.device, dtype=torch.float64)])
+            logits, _ = model(x)
+        scored = y != IGNORE
+        loss_sum = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE,
+                                   reduction="sum")
+        correct = ((logits.argmax(dim=-1) == y) & scored).sum()
+        if counts:
+            total += torch.stack([loss_sum.double(), scored.sum().double(), correct.double()])
     distributed.all_reduce_sum(total, env)
     model.train(was_training)
-    return (total[0] / total[1]).item()
+    return {"loss": (total[0] / total[1]).item(), "accuracy": (total[2] / total[1]).item()}
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -140,10 +174,13 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def check_vocab(data: TokenData, model: ModelConfig) -> None:
-    if data.vocab_size > model.vocab_size:
-        padded = math.ceil(data.vocab_size / 64) * 64
-        raise UserError(f"the data's vocabulary ({data.vocab_size}, {data.meta['tokenizer']}) does not fit "
+def check_vocab(data: TokenData, model: ModelConfig, objective: str = "clm") -> None:
+    """The model's vocabulary must hold the data's (and, for masked LM, one more id: the mask token)."""
+    needed = data.vocab_size + (1 if objective == "mlm" else 0)
+    if needed > model.vocab_size:
+        padded = math.ceil(needed / 64) * 64
+        extra = " plus the mask token" if objective == "mlm" else ""
+        raise UserError(f"the data's vocabulary ({data.vocab_size}, {data.meta['tokenizer']}){extra} does not fit "
                         f"model.vocab_size={model.vocab_size}; set --model.vocab_size={padded} or prepare the data "
                         f"with a smaller tokenizer")
 
@@ -187,7 +224,7 @@ class Trainer:
         if not cfg.data.dir:
             raise UserError("no data directory: pass --data DATA_DIR (made by nlq prepare)")
         self.data = load_data(cfg.data.dir)
-        check_vocab(self.data, cfg.model)  # before any compute
+        check_vocab(self.data, cfg.model, tcfg.objective)  # before any compute
         self.spec = batch_spec(tcfg, cfg.model.block_size, env.world)
         self.payload = self._existing_checkpoint(resume)
         self.start_step = self.payload["step"] if self.payload else 0
@@ -210,7 +247,7 @@ class Trainer:
             self.train_model = torch.compile(self.train_model)
         self.dtype = autocast_dtype(tcfg, env.device)
         self.plan = BatchPlan(self.data.train, cfg.model.block_size, self.spec.global_rows, tcfg.seed, cfg.data.batch_mode)
-        self.eval_set = eval_starts(self.data.val, cfg.model.block_size, cfg.data.eval_windows, cfg.data.eval_seed)
+        self.eval_set = make_eval_set(cfg, self.data)
         self.flops_per_token = self.model.flops_per_token()
         self.peak = peak_flops(tcfg, env.device, self.dtype)
 
@@ -285,7 +322,7 @@ class Trainer:
         env, accum = self.env, self.spec.accum
         loss_sum = torch.zeros((), device=env.device)
         for micro in range(accum):
-            x, y = self.plan.batch(step, env.rank, env.world, micro, accum)
+            x, y = self._batch(step, micro)
             x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
             sync = micro == accum - 1 or not hasattr(self.train_model, "no_sync")
             with (contextlib.nullcontext() if sync else self.train_model.no_sync()), _autocast(env.device, self.dtype):
@@ -305,11 +342,20 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss, grad_norm
 
+    def _batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        env, tcfg = self.env, self.config.train
+        if tcfg.objective == "mlm":
+            return self.plan.mlm_batch(step, env.rank, env.world, micro, self.spec.accum, self.data.vocab_size,
+                                       self.data.vocab_size, tcfg.mask_prob)
+        return self.plan.batch(step, env.rank, env.world, micro, self.spec.accum)
+
     def _eval_record(self, step: int) -> dict:
-        loss = evaluate(self.train_model, self.data.val, self.eval_set, self.config.model.block_size,
-                        self.spec.micro_rows, self.env, self.dtype)
-        return {"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700)),
-                "val_bpb": loss / math.log(2) / self.data.bytes_per_token("val")}
+        result = evaluate(self.train_model, self.eval_set, self.spec.micro_rows, self.env, self.dtype)
+        loss = result["loss"]
+        record = {"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700)), "val_acc": result["accuracy"]}
+        if self.config.train.objective == "clm":  # bits per byte of text; masked LM scores only 15% of it
+            record["val_bpb"] = loss / math.log(2) / self.data.bytes_per_token("val")
+        return record
 
     def _save(self, step: int) -> str:
         model_state, optim_state = ckpt.full_state(self.model, self.optimizer)  # collective under FSDP
@@ -331,6 +377,7 @@ class Trainer:
         return {
             "steps": self.config.train.max_steps, "final_step": final.get("step"),
             "val_loss": final.get("val_loss"), "val_ppl": final.get("val_ppl"), "val_bpb": final.get("val_bpb"),
+            "val_acc": final.get("val_acc"), "objective": self.config.train.objective,
             "tokens": self.config.train.max_steps * self.spec.tokens(self.config.model.block_size),
             "tokens_per_s": float(np.median(rates)) if rates else None,
             "non_embedding_parameters": self.model.num_parameters(),
