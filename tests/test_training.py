@@ -1,5 +1,4 @@
 import json
-import math
 import os
 import subprocess
 import sys
@@ -86,7 +85,7 @@ def test_gradient_accumulation_matches_one_big_batch(byte_data, tmp_path):
     assert batch_spec(accum.train, 32, 1).accum == 2
     train(big, tmp_path / "big", quiet=True)
     train(accum, tmp_path / "accum", quiet=True)
-    for (s1, l1), (s2, l2) in zip(losses(tmp_path / "big"), losses(tmp_path / "accum")):
+    for (s1, l1), (s2, l2) in zip(losses(tmp_path / "big"), losses(tmp_path / "accum"), strict=True):
         assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
 
 

@@ -187,7 +187,7 @@ class TrainConfig:
         _check(self.warmup_steps >= 0, f"train.warmup_steps={self.warmup_steps} must be >= 0")
         _check(self.decay_steps is None or self.decay_steps > 0, f"train.decay_steps={self.decay_steps} must be > 0")
         _check(self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0")
-        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"train.beta1/beta2 must be in [0, 1)")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2 must be in [0, 1)")
         _check(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0")
         _check(self.checkpoint_every >= 0, f"train.checkpoint_every={self.checkpoint_every} must be >= 0")
         _check(

@@ -236,7 +236,7 @@ class Trainer:
             truncate_metrics(run_dir / "metrics.jsonl", self.start_step if self.payload else -1)
         distributed.barrier(env)
 
-        torch.manual_seed(tcfg.seed)  # dropout
+        torch.manual_seed(tcfg.seed + env.rank)  # dropout: independent masks on each rank
         self.model = Transformer(cfg.model, seed=tcfg.seed).to(env.device)  # the bare model: checkpoints are taken from it
         self.train_model = distributed.wrap(self.model, env, cfg.dist.strategy)
         self.optimizer = make_optimizer(self.model, tcfg, env.device, sharded=env.distributed and cfg.dist.strategy == "fsdp")
