@@ -65,7 +65,7 @@ def test_loss_ignores_index_and_matches_cross_entropy():
 
 def test_init_scales_residual_outputs():
     model = Transformer(tiny_model_config(n_layer=8, n_embd=256, n_head=4))
-    std_o = model.blocks[0].attn.o_proj.weight_proj.weight.std().item()
+    std_o = model.blocks[0].attn.o_proj.weight.std().item()
     std_kv = model.blocks[0].attn.kv_proj.weight.std().item()
     assert abs(std_kv - 0.02) < 0.002
     assert abs(std_o - 0.02 / 4) < 0.0005  # 0.02 / sqrt(2 * 8)

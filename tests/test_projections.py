@@ -49,7 +49,7 @@ def reference_attention(attn, x, cfg, q, scale, causal):
         if causal:
             scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
         heads.append(scores.softmax(-1) @ v[..., sl])
-    return torch.cat(heads, dim=-1) @ attn.o_proj.weight_proj.weight.T
+    return torch.cat(heads, dim=-1) @ attn.o_proj.weight.T
 
 
 def randomize_norms(module):
@@ -148,8 +148,8 @@ def reference_full_attention(attn, x, cfg, causal=True, rotary=None):
     hs, T = cfg.head_size, x.shape[1]
 
     def apply(name, proj, inp):
-        if name == "nonlinear":
-            return reference_query("nonlinear", proj, inp, cfg)
+        if isinstance(proj, torch.nn.Linear):  # the standard output projection is a plain nn.Linear
+            return inp @ proj.weight.T
         return reference_query(name, proj, inp, cfg)
 
     q = apply(names["q"], attn.q_proj, x)

@@ -45,9 +45,11 @@ class Attention(nn.Module):
             self.kv_proj = nn.Linear(cfg.n_embd, 2 * self.kv_dim, bias=cfg.bias)  # one d -> 2 d_kv matmul
         else:
             self.k_proj, self.v_proj = build_projection(names["k"], cfg), build_projection(names["v"], cfg)
-        self.o_proj = build_projection(names["o"], cfg)
-        if names["o"] == "linear":
-            self.o_proj.weight_proj.is_residual_output = True
+        if names["o"] == "linear":  # the standard output projection: a plain d -> d matmul into the residual stream
+            self.o_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+            self.o_proj.is_residual_output = True
+        else:
+            self.o_proj = build_projection(names["o"], cfg)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps)
@@ -93,7 +95,7 @@ class Attention(nn.Module):
             y = self._math_attention(q, k, v, attn_mask, dropout)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         out = self.o_proj(y)
-        if self.o_proj.output_scale != 1.0:
+        if getattr(self.o_proj, "output_scale", 1.0) != 1.0:
             out = out * self.o_proj.output_scale
         return self.resid_dropout(out)
 

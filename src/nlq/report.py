@@ -137,6 +137,7 @@ def build_report(study_dir: str | Path) -> str:
             "ppl": math.exp(mean), "bpb": float(np.mean([r.val_bpb for r in runs])),
             "d_loss": relative_change(base_loss, mean), "d_ppl": relative_change(math.exp(base_loss), math.exp(mean)),
             "tokens_per_s": float(np.median([r.tokens_per_s for r in runs])),
+            "acc": float(np.mean([r.val_acc for r in runs])) if all(r.val_acc is not None for r in runs) else None,
         })
         if variant != baseline:
             base_by_seed = {r.seed: r.val_loss for r in base_runs}
@@ -158,16 +159,17 @@ def build_report(study_dir: str | Path) -> str:
 
 def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, lrs) -> str:
     sweep = study.get("lrs")
+    with_acc = all(r["acc"] is not None for r in rows)  # next-token or masked-token accuracy, when logged
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
              f"{n_runs} finished runs. Relative change = (baseline - variant) / baseline; positive is better."
              + (" Each variant at its best peak lr of " + ", ".join(f"{x:g}" for x in sweep) + "." if sweep else ""),
-             "", "| variant | lr | seeds | non-emb params | vs base | val loss (mean ± std) | ppl | Δ log-loss | Δ ppl | tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| variant | lr | seeds | non-emb params | vs base | val loss (mean ± std) | ppl | Δ log-loss | Δ ppl | tokens/s |"
+             + (" val accuracy |" if with_acc else ""), "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
     for r in rows:
         std = f" ± {r['val_loss_std']:.4f}" if not math.isnan(r["val_loss_std"]) else ""
         lines.append(f"| {r['variant']} | {r['lr']:g} | {r['seeds']} | {r['params']:,} | {r['params_vs_base']:+.2%} | "
                      f"{r['val_loss']:.4f}{std} | {r['ppl']:.2f} | {r['d_loss']:+.2%} | {r['d_ppl']:+.2%} | "
-                     f"{r['tokens_per_s']:,.0f} |")
+                     f"{r['tokens_per_s']:,.0f} |" + (f" {r['acc']:.4f} |" if with_acc else ""))
     lines += ["", f"## Paired differences vs `{baseline}` (variant - baseline, same seed = same batches)", "",
               "| variant | pairs | mean Δ val loss | 95% interval | verdict |", "|---|---|---|---|---|"]
     for variant, p in paired.items():
