@@ -64,3 +64,23 @@ def test_mlm_resume_is_exact(byte_data, tmp_path):
     train(encoder_config(byte_data, max_steps=6, decay_steps=6), tmp_path / "b", resume=True, quiet=True)
     losses = [[r["train_loss"] for r in read_metrics(tmp_path / d / "metrics.jsonl") if "train_loss" in r] for d in "ab"]
     assert losses[0] == losses[1]
+
+
+def test_cli_encoder_eval_reports_accuracy_and_sample_refuses(byte_data, tmp_path):
+    import subprocess
+    import sys
+
+    def nlq(*args):
+        return subprocess.run([sys.executable, "-m", "nlq", *map(str, args)], capture_output=True, text=True)
+
+    run = tmp_path / "enc"
+    result = nlq("train", "--data", byte_data, "--out", run, "--preset", "nano", "--model.vocab_size=258",
+                 "--model.block_size=32", "--model.causal=false", "--train.objective=mlm", "--train.max_steps=3")
+    assert result.returncode == 0, result.stderr
+    result = nlq("eval", run)
+    assert result.returncode == 0 and "masked LM" in result.stdout and "accuracy" in result.stdout
+    assert "bits/byte" not in result.stdout
+    result = nlq("sample", run, "--prompt", "Shall")
+    assert result.returncode == 2 and "needs a causal" in result.stderr
+    result = nlq("eval", run, "--text", byte_data / "meta.json")
+    assert result.returncode == 2 and "masked LM" in result.stderr

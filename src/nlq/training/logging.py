@@ -99,8 +99,12 @@ class MetricsLogger:
     def _line(self, record: dict) -> str:
         step = record["step"]
         if "val_loss" in record:
-            return (f"step {step:>6}/{self.total_steps}: val loss {record['val_loss']:.4f}  "
-                    f"ppl {record['val_ppl']:.2f}  bpb {record['val_bpb']:.4f}")
+            line = f"step {step:>6}/{self.total_steps}: val loss {record['val_loss']:.4f}  ppl {record['val_ppl']:.2f}"
+            if record.get("val_bpb") is not None:
+                line += f"  bpb {record['val_bpb']:.4f}"
+            if record.get("val_acc") is not None:
+                line += f"  acc {record['val_acc']:.4f}"
+            return line
         elapsed = time.perf_counter() - self.start_time
         done = step - self.start_step
         eta = elapsed / max(done, 1) * (self.total_steps - step)
