@@ -208,6 +208,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     }
     _write_json(study_dir / "study.json", described)
     done_dirs, started, timed = [], time.perf_counter(), []
+    to_run = sum(not run_finished(study_dir / "runs" / r.name, c.train.max_steps) for r, c in zip(runs, configs))
     for index, (run, config) in enumerate(zip(runs, configs), start=1):
         run_dir = study_dir / "runs" / run.name
         done_dirs.append(run_dir)
@@ -216,8 +217,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
             continue
         eta = ""
         if timed:
-            remaining = sum(1 for r, c in zip(runs[index - 1:], configs[index - 1:])
-                            if not run_finished(study_dir / "runs" / r.name, c.train.max_steps))
+            remaining = to_run - len(timed)
             eta = f", study ETA {sum(timed) / len(timed) * remaining / 60:.1f} min"
         log(f"[{index}/{len(runs)}] {run.name}: {run.variant.note or run.variant.name}{eta}")
         run_start = time.perf_counter()
