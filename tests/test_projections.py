@@ -280,3 +280,90 @@ def test_bad_beyond_the_paper_configs(overrides, needle):
 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         apply_overrides(get_preset("gpt3-small"), overrides)
+
+
+# ---- the fused input matmul (one X [W_q | W_k | W_v]) and the standalone module ---------------------------
+
+FUSION_CASES = [dict(q=mode) for mode in PROJECTIONS] + [
+    dict(q="nonlinear", k="nonlinear"), dict(q="identity", v="nonlinear"), dict(k="residual", v="identity"),
+    dict(q="nonlinear", k="identity", v="residual", o="nonlinear"),
+]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("placements", FUSION_CASES)
+def test_fused_and_unfused_input_projections_agree(placements, bias):
+    from nlq.config import ProjectionsConfig
+
+    cfg = tiny_model_config(projections=ProjectionsConfig(**placements), bias=bias)
+    attn = Attention(cfg).double()
+    randomize_norms(attn)
+    x = torch.randn(2, 7, cfg.n_embd, dtype=torch.float64, requires_grad=True)
+    assert attn.fused_input
+    fused = attn(x)
+    fused_grads = torch.autograd.grad(fused.square().sum(), [x, *attn.parameters()])
+    attn.fused_input = False
+    unfused = attn(x)
+    unfused_grads = torch.autograd.grad(unfused.square().sum(), [x, *attn.parameters()])
+    torch.testing.assert_close(fused, unfused, rtol=1e-12, atol=1e-12)
+    for a, b in zip(fused_grads, unfused_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    if not bias:  # the hand-written reference has no biases
+        torch.testing.assert_close(fused, reference_full_attention(attn, x, cfg))
+
+
+def test_fused_gqa_and_qk_norm_agree_with_unfused():
+    cfg = tiny_model_config(query="nonlinear", n_kv_head=2, qk_norm=True)
+    attn = Attention(cfg).double()
+    randomize_norms(attn)
+    x = torch.randn(2, 7, cfg.n_embd, dtype=torch.float64)
+    fused = attn(x)
+    attn.fused_input = False
+    torch.testing.assert_close(fused, attn(x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("query", ["linear", "nonlinear"])
+def test_checkpoint_written_by_nlq_0_1_still_loads(query):
+    """tests/data holds a real checkpoint trained 3 steps by nlq 0.1 (commit a86a226, separate q and kv
+    matmuls) and the logits it gave; today's model loads it by the same names and computes the same logits."""
+    from pathlib import Path
+
+    from nlq.generate import load_model
+
+    data = Path(__file__).parent / "data"
+    model, config, payload = load_model(data / f"nlq0.1_{query}_step3.pt")
+    assert payload["step"] == 3 and config.model.query == query
+    expected = torch.load(data / f"nlq0.1_{query}_logits.pt", weights_only=True)
+    torch.testing.assert_close(model(expected["input"])[0], expected["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_standalone_nonlinear_query_computes_the_formula():
+    from nlq import NonlinearQuery
+
+    q = NonlinearQuery(24, rank=10, activation="silu", bias=True).double()
+    randomize_norms(q)
+    x = torch.randn(3, 5, 24, dtype=torch.float64)
+    h = F.silu(rms_norm(x, q.in_norm_weight, 1e-5) @ q.up.weight.T + q.up.bias)
+    f = layer_norm(h @ q.down.weight.T + q.down.bias, q.out_norm.weight, 1e-5)
+    torch.testing.assert_close(q(x), (x + f) / 2)  # the formula, 1/2 included
+    folded = NonlinearQuery(24, rank=10, activation="silu", bias=True, fold_half=True).double()
+    folded.load_state_dict(q.state_dict())
+    assert folded.output_scale == 0.5 and q.output_scale == 1.0
+    torch.testing.assert_close(folded(x) * folded.output_scale, q(x))
+    assert sum(p.numel() for p in NonlinearQuery(64).parameters()) == 64 * 64 + 2 * 64  # d^2 + two norm gains
+
+
+@pytest.mark.parametrize("kwargs,needle", [(dict(dim=8, rank=0), "rank >= 1"),
+                                           (dict(dim=8, activation="tanh"), "valid: gelu")])
+def test_standalone_nonlinear_query_rejects_bad_arguments(kwargs, needle):
+    from nlq import NonlinearQuery
+
+    with pytest.raises(ValueError, match=needle):
+        NonlinearQuery(**kwargs)
+
+
+def test_nlq_model_uses_the_standalone_class():
+    from nlq import NonlinearQuery
+
+    model = Transformer(tiny_model_config(query="nonlinear"))
+    assert all(type(b.attn.q_proj) is NonlinearQuery and b.attn.q_proj.fold_half for b in model.blocks)

@@ -157,3 +157,35 @@ def test_report_numbers_on_synthetic_runs(tmp_path):
 def test_report_on_a_missing_study_is_a_clear_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "nlq", "report", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 2 and "not a study directory" in result.stderr
+
+
+def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path, monkeypatch):
+    """The scaling study on a tiny width: the lr sweep picks each variant's lr, then one WSD stable run per
+    (variant, seed) branches a cooldown at every budget; the report pairs each budget's variants by seed."""
+    from nlq import scaling
+
+    monkeypatch.setattr(scaling, "WIDTHS", {"d16": (dict(n_layer=1, n_head=2, n_embd=16), [4, 8], [1e-3, 4e-3], 4)})
+    monkeypatch.setattr(scaling, "SEEDS", [1, 2])
+    overrides = ["--model.vocab_size=257", "--model.block_size=32", "--data.eval_windows=4", "--train.warmup_steps=2",
+                 "--train.batch_size=4"]
+    study = scaling.scaling()
+    run_study(study, tmp_path, overrides, data_dir=str(byte_data), log=lambda *_: None)
+    described = json.loads((tmp_path / "study.json").read_text())
+    stages = [r["stage"] for r in described["runs"]]
+    assert stages.count("lr-sweep") == 2 * 3 and stages.count("budget") == 2 * 3 * 2
+    budget_runs = [r for r in described["runs"] if r["stage"] == "budget"]
+    for run in budget_runs:
+        config = json.loads((tmp_path / "runs" / run["name"] / "config.json").read_text())
+        assert config["train"]["schedule"] == "wsd"
+        assert config["train"]["max_steps"] == run["steps"]
+        if run["steps"] > 1:  # every budget but a one-step one branches from its stable run
+            assert f"{run['variant']}-s{run['seed']}-stable" in config["train"]["resume_from"]
+    stable = [r for r in described["runs"] if r["stage"] == "stable"]
+    assert {r["name"] for r in stable} == {f"d16-{v}-s{s}-stable" for v in ("linear", "nonlinear", "linear-mlp4.75")
+                                           for s in (1, 2)}
+    markdown = build_report(tmp_path)
+    assert "| d16 | 8 |" in markdown and "| nonlinear | 2 |" in markdown and "| linear-mlp4.75 | 2 |" in markdown
+    assert "best lr" in markdown and (tmp_path / "scaling_delta.png").stat().st_size > 0
+    messages = []  # started again: everything is finished
+    run_study(scaling.scaling(), tmp_path, overrides, data_dir=str(byte_data), log=messages.append)
+    assert not [m for m in messages if m.startswith("[") and "skipped" not in m]

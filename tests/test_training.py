@@ -214,3 +214,40 @@ def test_cli_bad_input_is_one_line(trained_run, byte_data, tmp_path, args, needl
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_wsd_schedule_shape_at_its_boundaries():
+    from nlq.training.schedule import cooldown_start
+
+    cfg = TrainConfig(schedule="wsd", lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100, cooldown_fraction=0.2)
+    assert cooldown_start(cfg) == 80
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)  # warmup, as cosine
+    assert lr_at(10, cfg) == 1.0 and lr_at(79, cfg) == 1.0  # stable to the last step before the cooldown
+    assert lr_at(80, cfg) == pytest.approx(0.1 + 0.9 * (1 - (1 / 20) ** 0.5))  # 1 - sqrt cooldown begins
+    assert lr_at(89, cfg) == pytest.approx(0.1 + 0.9 * (1 - (10 / 20) ** 0.5))
+    assert lr_at(99, cfg) == pytest.approx(0.1) and lr_at(150, cfg) == pytest.approx(0.1)  # min_lr at the end
+    lrs = [lr_at(s, cfg) for s in range(100)]
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # never rises after warmup
+    longer = TrainConfig(schedule="wsd", lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=400, cooldown_fraction=0.2)
+    assert [lr_at(s, longer) for s in range(80)] == lrs[:80]  # before its cooldown a run does not know its length
+
+
+def test_wsd_cooldown_branched_from_a_stable_run_equals_a_straight_run(byte_data, tmp_path):
+    """The stable run to step 8 of a 16-step budget; a branch from its checkpoint cools down to 10 steps and
+    must equal, bitwise, a straight 10-step WSD run (dropout on, so the RNG state must travel too)."""
+    model = tiny_model_config(vocab_size=257, block_size=32, n_layer=2, n_head=2, n_embd=32, query="nonlinear",
+                              dropout=0.1)
+    wsd = dict(schedule="wsd", cooldown_fraction=0.2, warmup_steps=2, eval_every=4)
+    train(tiny_run_config(byte_data, model=model, max_steps=8, decay_steps=16, **wsd), tmp_path / "stable", quiet=True)
+    straight = tiny_run_config(byte_data, model=model, max_steps=10, **wsd)
+    train(straight, tmp_path / "straight", quiet=True)
+    branch = tiny_run_config(byte_data, model=model, max_steps=10, resume_from=str(tmp_path / "stable"), **wsd)
+    train(branch, tmp_path / "branch", quiet=True)
+    assert losses(tmp_path / "branch") == losses(tmp_path / "straight")  # steps 1-8 copied, 9-10 trained
+    assert losses(tmp_path / "branch", "val_loss")[-1] == losses(tmp_path / "straight", "val_loss")[-1]
+    a, b = (load_checkpoint(tmp_path / d)["model"] for d in ("branch", "straight"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = tiny_run_config(byte_data, model=tiny_model_config(vocab_size=257, block_size=32, n_layer=2, n_head=2,
+                                                               n_embd=32), resume_from=str(tmp_path / "stable"))
+    with pytest.raises(UserError, match="model config differs .*model.query"):
+        train(other, tmp_path / "wrong", quiet=True)

@@ -157,7 +157,10 @@ class TrainConfig:
     lr: float = 6e-4
     min_lr: float = 6e-5
     warmup_steps: int = 100
-    decay_steps: int | None = None  # step at which the cosine reaches min_lr; None: max_steps
+    schedule: str = "cosine"  # "cosine" or "wsd" (warmup-stable-decay); training/schedule.py
+    decay_steps: int | None = None  # step at which the schedule reaches min_lr; None: max_steps
+    cooldown_fraction: float = 0.2  # wsd: share of decay_steps spent cooling down (1 - sqrt) to min_lr
+    resume_from: str | None = None  # start a new run from another run's checkpoint (weights, optimizer, step)
     weight_decay: float = 0.1  # applied to >= 2-D parameters only
     beta1: float = 0.9
     beta2: float = 0.95
@@ -186,6 +189,8 @@ class TrainConfig:
         _check(0 <= self.min_lr <= self.lr, f"train.min_lr={self.min_lr} must be in [0, train.lr={self.lr}]")
         _check(self.warmup_steps >= 0, f"train.warmup_steps={self.warmup_steps} must be >= 0")
         _check(self.decay_steps is None or self.decay_steps > 0, f"train.decay_steps={self.decay_steps} must be > 0")
+        _one_of("train", "schedule", self.schedule, ("cosine", "wsd"))
+        _check(0 < self.cooldown_fraction <= 1, f"train.cooldown_fraction={self.cooldown_fraction} must be in (0, 1]")
         _check(self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2 must be in [0, 1)")
         _check(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0")

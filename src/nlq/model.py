@@ -61,18 +61,36 @@ class Attention(nn.Module):
             multiplier *= self.q_proj.output_scale * self._k_output_scale()
         self.scale = cfg.attn_scale or multiplier / math.sqrt(cfg.head_size)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.fused_input = True  # one matmul for q, k, v (False: one per projection; tests compare the two)
 
     def _k_output_scale(self) -> float:
         return self.k_proj.output_scale if hasattr(self, "k_proj") else 1.0
 
+    def _input_projections(self) -> list[nn.Module]:
+        return [self.q_proj, self.kv_proj] if hasattr(self, "kv_proj") else [self.q_proj, self.k_proj, self.v_proj]
+
+    def _project_inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """q, then kv (or k and v), from x (B, T, C). Fused: one matmul X [W_q | W_kv] for all of them (the
+        nonlinear query contributes diag(g) W1), each projection then finishes its slice; the same numbers
+        as calling each projection, with one larger matmul instead of two or three."""
+        projections = self._input_projections()
+        if not self.fused_input:
+            return [p(x) for p in projections]
+        weights = [_input_weight(p) for p in projections]
+        present = [w for w in weights if w is not None]
+        h = F.linear(x, present[0] if len(present) == 1 else torch.cat(present))  # (B, T, sum of widths)
+        slices = iter(h.split([w.size(0) for w in present], dim=-1))
+        return [_finish(p, x, next(slices) if w is not None else None) for p, w in zip(projections, weights)]
+
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         B, T, C = x.shape
-        q = self.q_proj(x)  # (B, T, C)
+        projected = self._project_inputs(x)
+        q = projected[0]  # (B, T, C)
         if hasattr(self, "kv_proj"):
-            k, v = self.kv_proj(x).split(self.kv_dim, dim=2)  # (B, T, d_kv) each
+            k, v = projected[1].split(self.kv_dim, dim=2)  # (B, T, d_kv) each
         else:
-            k, v = self.k_proj(x), self.v_proj(x)
+            k, v = projected[1], projected[2]
             if self.v_proj.output_scale != 1.0:
                 v = v * self.v_proj.output_scale
         q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
@@ -109,6 +127,17 @@ class Attention(nn.Module):
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=dropout > 0)
         return probs @ v  # (B, nh, T, hs)
+
+
+def _input_weight(projection: nn.Module) -> torch.Tensor | None:
+    """The first matmul's weight (out, C) of an input projection; None for identity."""
+    return projection.weight if isinstance(projection, nn.Linear) else projection.input_weight()
+
+
+def _finish(projection: nn.Module, x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(projection, nn.Linear):
+        return h if projection.bias is None else h + projection.bias
+    return projection.finish(x, h)
 
 
 class MLP(nn.Module):

@@ -1,14 +1,21 @@
 """The research axis: how attention projects its input into queries (and keys, values, output).
 
-Every projection is a small nn.Module mapping (B, T, d) -> (B, T, d) with two class attributes:
-- `output_scale`: the factor that turns forward()'s output into the formula's value. The paper computes
-  Q = (X + f(X)) / 2 by keeping X + f(X) and halving the softmax scale, 1 / (2 sqrt(hs)); the two are the
-  same computation, and folding the 1/2 into the scale saves an elementwise pass. Attention folds it
-  into the scale for q and k, and multiplies it in for v and o.
-- `query_scale`: an extra softmax-scale factor when the projection computes the query. Only identity
-  has one (1/2): the predecessor paper halves the attention scale when it drops W_Q.
+The projections are plain nn.Modules built from plain arguments (no nlq config needed), so they drop into
+any model: `from nlq import NonlinearQuery`. Each maps (..., d) -> (..., d) and has
 
-Adding a variant = one class + one PROJECTIONS entry + one case in tests/test_projections.py.
+- `output_scale`: the factor that turns forward()'s output into the formula's value. 1 by default. With
+  `fold_half=True` the residual forms return X + f(X) and output_scale is 1/2: the caller folds the 1/2 into
+  the softmax scale (1 / (2 sqrt(hs)), as the paper's code does) and saves an elementwise pass. nlq's own
+  model builds them that way; attention folds the factor into the scale for q and k and multiplies it in
+  for v and o.
+- `query_scale`: an extra softmax-scale factor when the projection computes the query. Only identity has
+  one (1/2): the predecessor paper halves the attention scale when it drops W_Q.
+- `input_weight()` and `finish(x, h)`: the projection split at its first matmul, h = x @ input_weight().T,
+  so attention can compute q, k and v with one matmul (X [W_q | W_k | W_v]) and let each projection
+  finish its slice. forward(x) == finish(x, x @ input_weight().T) exactly; identity has no weight (None).
+
+Adding a variant = one class (with `from_config`) + one PROJECTIONS entry + one case in
+tests/test_projections.py.
 """
 
 from __future__ import annotations
@@ -16,8 +23,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from nlq.config import ModelConfig
 
 
 class ReLU2(nn.Module):
@@ -30,14 +35,28 @@ class ReLU2(nn.Module):
 ACTIVATION_MODULES = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "relu2": ReLU2}
 
 
+def _add_bias(h: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return h if bias is None else h + bias
+
+
 class LinearProjection(nn.Module):
     """Q = X W_Q: the standard baseline."""
 
     output_scale, query_scale = 1.0, 1.0
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, dim: int, bias: bool = False):
         super().__init__()
-        self.weight_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.weight_proj = nn.Linear(dim, dim, bias=bias)
+
+    @classmethod
+    def from_config(cls, cfg) -> LinearProjection:
+        return cls(cfg.n_embd, bias=cfg.bias)
+
+    def input_weight(self) -> torch.Tensor:
+        return self.weight_proj.weight
+
+    def finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return _add_bias(h, self.weight_proj.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight_proj(x)
@@ -49,8 +68,15 @@ class IdentityProjection(nn.Module):
 
     output_scale, query_scale = 1.0, 0.5
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
+    @classmethod
+    def from_config(cls, cfg) -> IdentityProjection:
+        return cls()
+
+    def input_weight(self) -> None:
+        return None
+
+    def finish(self, x: torch.Tensor, h: None) -> torch.Tensor:
+        return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -59,55 +85,95 @@ class IdentityProjection(nn.Module):
 class ResidualProjection(nn.Module):
     """Q = (X + X W_Q) / 2: still linear, a control for the residual form of the method."""
 
-    output_scale, query_scale = 0.5, 1.0
+    query_scale = 1.0
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, dim: int, bias: bool = False, fold_half: bool = False):
         super().__init__()
-        self.weight_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.weight_proj = nn.Linear(dim, dim, bias=bias)
+        self.fold_half = fold_half
+        self.output_scale = 0.5 if fold_half else 1.0
+
+    @classmethod
+    def from_config(cls, cfg) -> ResidualProjection:
+        return cls(cfg.n_embd, bias=cfg.bias, fold_half=True)
+
+    def input_weight(self) -> torch.Tensor:
+        return self.weight_proj.weight
+
+    def finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        out = x + _add_bias(h, self.weight_proj.bias)
+        return out if self.fold_half else 0.5 * out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.weight_proj(x)
+        return self.finish(x, F.linear(x, self.weight_proj.weight))
 
 
-class NonlinearProjection(nn.Module):
-    """Q = (X + f(X)) / 2 with f(X) = LayerNorm(act(RMSNorm(X) W1) W2), W1: d x r, W2: r x d.
-    With r = d/2 the two matrices hold d^2 weights, the same as W_Q (parameter parity)."""
+class NonlinearQuery(nn.Module):
+    """Q = (X + f(X)) / 2 with f(X) = LayerNorm(act(RMSNorm(X) W1) W2), W1: d x r, W2: r x d (Karbevski 2026).
 
-    output_scale, query_scale = 0.5, 1.0
+    With r = d/2 (the default) the two matrices hold d^2 weights, the same as the W_Q they replace.
+    dim: model width d; rank: bottleneck r; activation: gelu, relu, silu or relu2; in_norm / out_norm:
+    RMSNorm before W1 (with a gain) and LayerNorm after W2 (weight, no bias); bias: biases on W1 and W2;
+    eps: both norms' epsilon. fold_half=True returns X + f(X) and sets output_scale = 1/2, for callers that
+    fold the 1/2 into the softmax scale (multiply their attention scale by output_scale).
 
-    def __init__(self, cfg: ModelConfig):
+    Drop-in use, in place of a query projection q_proj = nn.Linear(d, d, bias=False):
+        q_proj = NonlinearQuery(d)              # forward returns (X + f(X)) / 2
+    """
+
+    query_scale = 1.0
+
+    def __init__(self, dim: int, rank: int | None = None, activation: str = "gelu", in_norm: bool = True,
+                 out_norm: bool = True, bias: bool = False, eps: float = 1e-5, fold_half: bool = False):
         super().__init__()
-        d, r = cfg.n_embd, cfg.rank
-        self.eps = cfg.norm_eps
-        self.in_norm_weight = nn.Parameter(torch.ones(d)) if cfg.query_in_norm else None  # RMSNorm's gain g
-        self.up = nn.Linear(d, r, bias=cfg.bias)  # W1
-        self.act = ACTIVATION_MODULES[cfg.query_activation]()
-        self.down = nn.Linear(r, d, bias=cfg.bias)  # W2
-        self.out_norm = nn.LayerNorm(d, eps=cfg.norm_eps, bias=False) if cfg.query_out_norm else nn.Identity()
+        rank = dim // 2 if rank is None else rank
+        if dim < 1 or rank < 1:
+            raise ValueError(f"NonlinearQuery needs dim >= 1 and rank >= 1 (got dim={dim}, rank={rank})")
+        if activation not in ACTIVATION_MODULES:
+            raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATION_MODULES)}")
+        self.dim, self.rank, self.eps, self.fold_half = dim, rank, eps, fold_half
+        self.output_scale = 0.5 if fold_half else 1.0
+        self.in_norm_weight = nn.Parameter(torch.ones(dim)) if in_norm else None  # RMSNorm's gain g
+        self.up = nn.Linear(dim, rank, bias=bias)  # W1
+        self.act = ACTIVATION_MODULES[activation]()
+        self.down = nn.Linear(rank, dim, bias=bias)  # W2
+        self.out_norm = nn.LayerNorm(dim, eps=eps, bias=False) if out_norm else nn.Identity()
+
+    @classmethod
+    def from_config(cls, cfg) -> NonlinearQuery:
+        return cls(cfg.n_embd, cfg.rank, cfg.query_activation, cfg.query_in_norm, cfg.query_out_norm, cfg.bias,
+                   cfg.norm_eps, fold_half=True)
+
+    def input_weight(self) -> torch.Tensor:
+        # RMSNorm(X) W1 = (X diag(g) W1) / rms(X): the same numbers without a normalised (B, T, d) copy of X;
+        # finish() scales the r-wide output instead. In eager mode on CPU nn.RMSNorm made the step ~10% slower.
+        return self.up.weight if self.in_norm_weight is None else self.up.weight * self.in_norm_weight  # (r, d)
+
+    def finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        if self.in_norm_weight is not None:
+            h = h * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps)  # (B, T, r) / rms(X)
+        f = self.out_norm(self.down(self.act(_add_bias(h, self.up.bias))))  # (B, T, d)
+        return x + f if self.fold_half else 0.5 * (x + f)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.in_norm_weight is None:
-            h = self.up(x)  # (B, T, r)
-        else:
-            # RMSNorm(X) W1 = (X diag(g) W1) / rms(X): the same numbers without a normalised (B, T, d) copy of X,
-            # scaling the r-wide output instead. In eager mode on CPU nn.RMSNorm made the step ~10% slower.
-            inv_rms = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps)  # (B, T, 1)
-            h = F.linear(x, self.up.weight * self.in_norm_weight) * inv_rms  # (B, T, r)
-            if self.up.bias is not None:
-                h = h + self.up.bias
-        f = self.out_norm(self.down(self.act(h)))  # (B, T, d)
-        return x + f
+        return self.finish(x, F.linear(x, self.input_weight()))
 
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, rank={self.rank}, fold_half={self.fold_half}"
+
+
+NonlinearProjection = NonlinearQuery  # the name before nlq 0.2
 
 PROJECTIONS: dict[str, type[nn.Module]] = {
     "linear": LinearProjection,
     "identity": IdentityProjection,
     "residual": ResidualProjection,
-    "nonlinear": NonlinearProjection,
+    "nonlinear": NonlinearQuery,
 }
 
 
-def build_projection(name: str, cfg: ModelConfig) -> nn.Module:
+def build_projection(name: str, cfg) -> nn.Module:
+    """The projection `name` sized by a ModelConfig (n_embd, bias, norm_eps and the query_* options)."""
     if name not in PROJECTIONS:
         raise ValueError(f"unknown projection {name!r}; valid names: {', '.join(PROJECTIONS)}")
-    return PROJECTIONS[name](cfg)
+    return PROJECTIONS[name].from_config(cfg)

@@ -100,6 +100,18 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
     return study, results
 
 
+def load_summaries(study_dir: Path, study: dict) -> list[dict]:
+    """Each finished run of study.json (its labels) joined with its summary.json; unfinished runs left out."""
+    found = {}
+    for run in study.get("runs", []):
+        path = study_dir / "runs" / run["name"] / "summary.json"
+        if path.is_file():
+            summary = json.loads(path.read_text())
+            if summary.get("val_loss") is not None:
+                found[run["name"]] = {**summary, **run}
+    return list(found.values())
+
+
 def best_lr(results: list[RunResult]) -> dict[str, float]:
     """Each variant's peak lr with the lowest mean val loss."""
     by = {}
@@ -114,6 +126,10 @@ def build_report(study_dir: str | Path) -> str:
     """Write report.md, results.csv, val_curves.png, loss_vs_params.png; return the markdown."""
     study_dir = Path(study_dir)
     study, results = load_results(study_dir)
+    if study.get("report") == "scaling":
+        from nlq.scaling import build_scaling_report
+
+        return build_scaling_report(study_dir, study)
     baseline = study["baseline"]
     order = [v["name"] for v in study["variants"]]
     lrs = best_lr(results)

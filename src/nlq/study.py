@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,14 +48,24 @@ class Study:
     baseline: str = "linear"
     width_family: list[str] = field(default_factory=list)  # baselines that differ only in MLP width
     min_lr_ratio: float = 0.1  # min_lr = ratio x peak lr when sweeping
+    # Studies whose later runs depend on earlier results (e.g. the lr an lr sweep picked) run in stages:
+    # stages(study_dir) yields lists of runs, and each list is finished before the next is asked for.
+    stages: Callable[[Path], Iterator[list[Run]]] | None = None
+    report: str = "comparison"  # which report nlq report writes: "comparison" or "scaling"
 
     def runs(self) -> list[Run]:
         """Seed-major order, so an interrupted study has complete seeds to compare."""
         lrs = self.lrs or [None]
         return [Run(self, v, seed, lr) for seed in self.seeds for lr in lrs for v in self.variants]
 
+    def run_stages(self, study_dir: Path) -> Iterator[list[Run]]:
+        if self.stages is None:
+            yield self.runs()
+        else:
+            yield from self.stages(study_dir)
+
     def describe(self) -> dict:
-        return {"name": self.name, "description": self.description, "baseline": self.baseline,
+        return {"name": self.name, "description": self.description, "baseline": self.baseline, "report": self.report,
                 "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
                 "variants": [dataclasses.asdict(v) for v in self.variants], "data": dataclasses.asdict(self.data)}
 
@@ -65,11 +76,15 @@ class Run:
     variant: Variant
     seed: int
     lr: float | None
+    changes: dict = field(default_factory=dict)  # this run's own deltas on top of the variant's (width, budget)
+    tag: str = ""  # name prefix, e.g. "d64-tpp20"
+    suffix: str = ""  # name suffix, e.g. "-stable" for the shared stable phase of WSD branches
+    labels: dict = field(default_factory=dict)  # recorded in study.json for the report (width, budget, stage)
 
     @property
     def name(self) -> str:
         lr = f"-lr{self.lr:g}" if self.lr is not None else ""
-        return f"{self.variant.name}{lr}-s{self.seed}"
+        return f"{self.tag + '-' if self.tag else ''}{self.variant.name}{lr}-s{self.seed}{self.suffix}"
 
     def config(self, overrides: list[str], data_dir: Path) -> RunConfig:
         config = update(self.study.base, self.variant.changes)
@@ -77,7 +92,7 @@ class Run:
         if self.lr is not None:
             train.update(lr=self.lr, min_lr=self.lr * self.study.min_lr_ratio)
         config = update(config, {"train": train, "data": {"dir": str(Path(data_dir).resolve())}})
-        return apply_overrides(config, overrides)
+        return apply_overrides(update(config, self.changes), overrides)
 
 
 # ---- the named studies -----------------------------------------------------------------------------
@@ -167,7 +182,13 @@ def paper() -> Study:
                  variants, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))
 
 
-STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper, "encoder": encoder, "kvo": kvo}
+def scaling() -> Study:
+    from nlq.scaling import scaling
+
+    return scaling()
+
+
+STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper, "encoder": encoder, "kvo": kvo, "scaling": scaling}
 
 
 def get_study(name: str) -> Study:
@@ -179,8 +200,9 @@ def get_study(name: str) -> Study:
 # ---- running ---------------------------------------------------------------------------------------
 
 def run_finished(run_dir: Path, max_steps: int) -> bool:
+    """Trained to max_steps (or beyond: a WSD stable run's earlier segments are finished once a later one is)."""
     summary = run_dir / "summary.json"
-    return summary.is_file() and json.loads(summary.read_text()).get("final_step") == max_steps
+    return summary.is_file() and (json.loads(summary.read_text()).get("final_step") or 0) >= max_steps
 
 
 def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=print) -> Path:
@@ -195,38 +217,58 @@ def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=
 
 def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
               log=print) -> list[Path]:
-    """Run (or continue) every run of the study; returns the run directories."""
+    """Run (or continue) every run of the study, stage by stage; returns the run directories."""
     study_dir = Path(study_dir)
     overrides = overrides or []
     study_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_study_data(study, study_dir, data_dir, log)
-    runs = study.runs()
-    configs = [r.config(overrides, data) for r in runs]  # validate every run before the first starts
-    described = study.describe() | {
-        "overrides": overrides, "data_dir": str(Path(data).resolve()),
-        "runs": [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr} for r, c in zip(runs, configs)],
-    }
-    _write_json(study_dir / "study.json", described)
-    done_dirs, started, timed = [], time.perf_counter(), []
-    to_run = sum(not run_finished(study_dir / "runs" / r.name, c.train.max_steps) for r, c in zip(runs, configs))
+    done_dirs, started, recorded = [], time.perf_counter(), []
+    for stage in study.run_stages(study_dir):
+        configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
+        recorded += [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
+                     for r, c in zip(stage, configs)]
+        described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()),
+                                        "data_meta": _data_meta(data), "runs": recorded}
+        _write_json(study_dir / "study.json", described)
+        done_dirs += _run_stage(stage, configs, study_dir, log)
+    log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
+    return done_dirs
+
+
+def _data_meta(data_dir: Path) -> dict:
+    """What ties a study's results to its corpus: source (with versions), tokenizer, content hash, tokens."""
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    return {k: meta.get(k) for k in ("source", "tokenizer", "source_hash", "splits")}
+
+
+def _steps_to_train(run_dir: Path, config: RunConfig) -> int:
+    """Steps a run still has to train: from its own latest checkpoint, or from the checkpoint it branches from."""
+    from nlq.training import checkpoint as ckpt
+
+    if run_finished(run_dir, config.train.max_steps):
+        return 0
+    start = ckpt.latest_checkpoint(run_dir) or (config.train.resume_from and Path(config.train.resume_from))
+    return config.train.max_steps - (ckpt.step_of(start) if start else 0)
+
+
+def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) -> list[Path]:
+    done_dirs, seconds, steps_done = [], 0.0, 0
+    steps_left = [_steps_to_train(study_dir / "runs" / r.name, c) for r, c in zip(runs, configs)]
     for index, (run, config) in enumerate(zip(runs, configs), start=1):
         run_dir = study_dir / "runs" / run.name
         done_dirs.append(run_dir)
         if run_finished(run_dir, config.train.max_steps):
             log(f"[{index}/{len(runs)}] {run.name}: finished earlier, skipped")
             continue
-        eta = ""
-        if timed:
-            remaining = to_run - len(timed)
-            eta = f", study ETA {sum(timed) / len(timed) * remaining / 60:.1f} min"
+        eta = f", stage ETA {seconds / steps_done * sum(steps_left[index - 1:]) / 60:.1f} min" if steps_done else ""
         log(f"[{index}/{len(runs)}] {run.name}: {run.variant.note or run.variant.name}{eta}")
         run_start = time.perf_counter()
         _train_run(config, run_dir)
-        timed.append(time.perf_counter() - run_start)
+        seconds += time.perf_counter() - run_start
+        steps_done += steps_left[index - 1]
         summary = json.loads((run_dir / "summary.json").read_text())
         log(f"[{index}/{len(runs)}] {run.name}: val loss {summary['val_loss']:.4f} "
-            f"({summary['tokens_per_s']:,.0f} tok/s, {timed[-1]:.0f}s)")
-    log(f"study {study.name}: {len(runs)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
+            f"({summary['tokens_per_s']:,.0f} tok/s, {time.perf_counter() - run_start:.0f}s)")
     return done_dirs
 
 

@@ -19,6 +19,17 @@ _NAME = re.compile(r"^step_(\d{7,})\.pt$")
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DDP
 
 
+def step_of(path: str | Path) -> int:
+    """The step in a checkpoint's file name (step_0001200.pt -> 1200); for a run directory, its latest's; 0 if none."""
+    path = Path(path)
+    if path.is_dir():
+        path = latest_checkpoint(path)
+        if path is None:
+            return 0
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else 0
+
+
 def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 

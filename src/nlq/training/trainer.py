@@ -7,9 +7,11 @@ The same code runs as one process and under torchrun (DDP or FSDP2); only rank 0
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +29,8 @@ from nlq.model import Transformer
 from nlq.training import checkpoint as ckpt
 from nlq.training import distributed
 from nlq.training.distributed import DistEnv
-from nlq.training.logging import MetricsLogger, truncate_metrics
+from nlq.training.logging import MetricsLogger, read_metrics, truncate_metrics
+from nlq.training.schedule import lr_at
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
 
@@ -65,14 +68,20 @@ def batch_spec(train: TrainConfig, context: int, world: int) -> BatchSpec:
     return BatchSpec(global_rows, micro, per_rank // micro)
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup over warmup_steps, then cosine decay to min_lr at decay_steps (default max_steps);
-    step is 0-based."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    decay_steps = cfg.decay_steps or cfg.max_steps
-    progress = (step - cfg.warmup_steps) / max(1, decay_steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))) * (cfg.lr - cfg.min_lr)
+def tune_allocator() -> bool:
+    """Keep freed tensor memory in glibc's heap instead of returning it to the OS. By default glibc serves
+    large blocks with mmap and unmaps them on free, so every training step faults the same pages in again
+    (about 90k minor page faults and 0.17 s of system time per step of the `small` preset on 2 cores;
+    docs/PERFORMANCE.md). With mmap off and no trimming the heap keeps its high-water mark and reuses it.
+    A no-op (False) where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_max = -1, -4  # glibc's mallopt parameter numbers (malloc.h)
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**30))
+    except (OSError, AttributeError):
+        return False
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device, sharded: bool):
@@ -211,6 +220,7 @@ def _rng_state(device: torch.device) -> dict:
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: bool = False) -> dict:
     """Train one run into run_dir; returns its summary. Joins the process group under torchrun."""
     env = distributed.init(config.dist, config.train.device)
+    tune_allocator()
     try:
         return Trainer(config, Path(run_dir), env, resume, quiet).run()
     finally:
@@ -233,7 +243,7 @@ class Trainer:
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / "config.json")  # the resolved config, before step 0
             copy_data_files(self.data, run_dir)
-            truncate_metrics(run_dir / "metrics.jsonl", self.start_step if self.payload else -1)
+            self._start_metrics()
         distributed.barrier(env)
 
         torch.manual_seed(tcfg.seed + env.rank)  # dropout: independent masks on each rank
@@ -252,19 +262,37 @@ class Trainer:
         self.peak = peak_flops(tcfg, env.device, self.dtype)
 
     def _existing_checkpoint(self, resume: bool) -> dict | None:
+        """The state to start from: this run's latest checkpoint on --resume, else train.resume_from (a
+        checkpoint of another run: a branch, e.g. a WSD cooldown from a stable run), else None."""
         latest = ckpt.latest_checkpoint(self.run_dir)
-        if not resume:
-            if latest is not None or (self.run_dir / "metrics.jsonl").exists():
-                raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")
-            return None
-        if latest is None:
-            return None  # nothing saved yet: start from step 0
-        payload = ckpt.load_checkpoint(latest)
-        saved_model = payload["config"].get("model")
-        if saved_model != asdict(self.config.model):
-            changed = [k for k, v in asdict(self.config.model).items() if (saved_model or {}).get(k) != v]
-            raise UserError(f"cannot resume {latest}: the model config differs ({', '.join('model.' + k for k in changed)})")
+        if not resume and (latest is not None or (self.run_dir / "metrics.jsonl").exists()):
+            raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        if resume and latest is not None:
+            return self._compatible(ckpt.load_checkpoint(latest))
+        if self.config.train.resume_from:
+            payload = self._compatible(ckpt.load_checkpoint(self.config.train.resume_from))
+            return payload | {"branched_from": payload["path"]}
+        return None
+
+    def _compatible(self, payload: dict) -> dict:
+        saved = asdict(RunConfig.from_dict({"model": payload["config"].get("model") or {}}).model)
+        changed = [k for k, v in asdict(self.config.model).items() if saved.get(k) != v]
+        if changed:
+            raise UserError(f"cannot start from {payload['path']}: the model config differs "
+                            f"({', '.join('model.' + k for k in changed)})")
         return payload
+
+    def _start_metrics(self) -> None:
+        """Keep this run's records up to its start step; a branch starts with its source run's records."""
+        path = self.run_dir / "metrics.jsonl"
+        if self.payload and "branched_from" in self.payload:
+            source = Path(self.payload["branched_from"]).parent.parent / "metrics.jsonl"
+            records = [r for r in read_metrics(source) if r.get("step", 0) <= self.start_step]
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+            tmp.replace(path)
+        else:
+            truncate_metrics(path, self.start_step if self.payload else -1)
 
     def run(self) -> dict:
         cfg, tcfg, env = self.config, self.config.train, self.env
@@ -276,7 +304,8 @@ class Trainer:
             f"run {self.run_dir}: {self.model.num_parameters():,} non-embedding parameters, query={cfg.model.query}, "
             f"{step_tokens:,} tokens/step ({self.spec.global_rows} x {context}; {env.world} proc x "
             f"{self.spec.accum} accum x {self.spec.micro_rows}), device {env.device}, "
-            + (f"resuming at step {self.start_step}" if self.payload else "from scratch"))
+            + (f"branching from {self.payload['branched_from']} at step {self.start_step}" if self.payload and "branched_from" in self.payload
+               else f"resuming at step {self.start_step}" if self.payload else "from scratch"))
         if self.start_step == 0:
             logger.log(self._eval_record(0))
         last_ckpt = self.payload["path"] if self.payload else None
@@ -368,8 +397,6 @@ class Trainer:
         return str(path)
 
     def _summary(self, rates: list[float]) -> dict:
-        from nlq.training.logging import read_metrics
-
         records = read_metrics(self.run_dir / "metrics.jsonl") if self.env.is_main else []
         evals = [r for r in records if "val_loss" in r]
         final = evals[-1] if evals else {}

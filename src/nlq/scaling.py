@@ -1,0 +1,280 @@
+"""`nlq study scaling`: how the nonlinear query's effect moves with training tokens per parameter and width.
+
+The paper trains 85M non-embedding parameters on ~350 tokens per parameter; the `cpu` study trains 0.8M on
+~1.5. This study fills the axis between: widths d 64 (2 layers) and d 128 (4 layers), variants linear,
+nonlinear and linear-mlp4.75 (+12.5% parameters), 3 seeds, on the `pypkg` corpus (Python source of the
+installed packages, 46M train tokens with bpe:2048, so no budget repeats a token).
+
+Stage 1, lr sweep: each (width, variant) at three peak lrs, one seed, a short budget; the lowest val loss
+picks the variant's lr for stage 2 (the report says whether the best lr differs between variants).
+Stage 2, budgets: warmup-stable-decay. For each (width, variant, seed) one stable run goes in segments to
+the start of each budget's cooldown; from each segment's checkpoint a branch cools down (the last 20% of
+the budget, 1 - sqrt) to that budget. Every budget costs only its cooldown beyond the longest stable run;
+tests/test_training.py checks that a branch equals a straight run of the same budget bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from nlq.config import RunConfig, update
+from nlq.presets import get_preset
+from nlq.study import DataSpec, Run, Study, Variant
+from nlq.training.schedule import cooldown_start
+
+VARIANTS = [
+    Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
+    Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
+    Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)"),
+]
+# width -> (model shape, token budgets in tokens per non-embedding parameter, lrs to sweep, sweep budget)
+WIDTHS = {
+    "d64": (dict(n_layer=2, n_head=4, n_embd=64), [2, 5, 10, 20, 50, 100, 300], [2e-3, 4e-3, 8e-3], 10),
+    "d128": (dict(n_layer=4, n_head=4, n_embd=128), [2, 5, 10, 20], [1e-3, 2e-3, 4e-3], 3),
+}
+SEEDS = [1, 2, 3]
+SWEEP_SEED = 1
+DATA = DataSpec("pypkg", "bpe:2048")
+
+
+def base() -> RunConfig:
+    config = get_preset("micro")
+    return update(config, {
+        "model": {"vocab_size": 2048, "block_size": 128},
+        "train": {"batch_size": 16, "schedule": "wsd", "cooldown_fraction": 0.2, "warmup_steps": 50,
+                  "weight_decay": 0.1, "log_every": 100, "keep_checkpoints": 1, "checkpoint_every": 0},
+        "data": {"eval_windows": 128},  # 16k tokens: bounded eval cost
+    })
+
+
+def non_embedding_parameters(config: RunConfig) -> int:
+    from nlq.model import Transformer
+
+    with torch.device("meta"):
+        return Transformer(config.model).num_parameters()
+
+
+def budget_steps(config: RunConfig, width: str, tpp: float) -> int:
+    """Steps for tpp tokens per non-embedding parameter of the width's linear baseline (every variant of a
+    width gets the same tokens)."""
+    linear = update(config, {"model": dict(WIDTHS[width][0], query="linear", mlp_ratio=4.0)})
+    tokens_per_step = config.train.batch_size * config.model.block_size
+    return max(1, round(tpp * non_embedding_parameters(linear) / tokens_per_step))
+
+
+def _width_changes(width: str) -> dict:
+    return {"model": dict(WIDTHS[width][0])}
+
+
+def sweep_runs(study: Study) -> list[Run]:
+    runs = []
+    for width, (_, _, lrs, tpp) in WIDTHS.items():
+        steps = budget_steps(study.base, width, tpp)
+        changes = update_nested(_width_changes(width), {"train": {"max_steps": steps, "eval_every": steps}})
+        for lr in lrs:
+            for variant in study.variants:
+                runs.append(Run(study, variant, SWEEP_SEED, lr, changes, tag=f"sweep-{width}",
+                                labels={"stage": "lr-sweep", "width": width, "tpp": tpp}))
+    return runs
+
+
+def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
+    """(width, variant) -> the swept lr with the lowest final val loss."""
+    best: dict[tuple[str, str], tuple[float, float]] = {}
+    for run in runs:
+        summary = json.loads((study_dir / "runs" / run.name / "summary.json").read_text())
+        key = (run.labels["width"], run.variant.name)
+        if key not in best or summary["val_loss"] < best[key][1]:
+            best[key] = (run.lr, summary["val_loss"])
+    return {key: lr for key, (lr, _) in best.items()}
+
+
+def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float]) -> list[Run]:
+    """Per (width, seed, variant): stable segment to each budget's cooldown start, then that budget's branch."""
+    runs = []
+    for width, (_, budgets, _, _) in WIDTHS.items():
+        steps = [budget_steps(study.base, width, tpp) for tpp in budgets]
+        longest = max(steps)
+        for seed in SEEDS:
+            for variant in study.variants:
+                lr = lrs[(width, variant.name)]
+                stable = Run(study, variant, seed, None, tag=width, suffix="-stable")  # for its name
+                stable_dir = (study_dir / "runs" / stable.name).resolve()
+                for tpp, budget in zip(budgets, steps):
+                    start = cooldown_start(update(study.base, {"train": {"max_steps": budget}}).train)
+                    common = update_nested(_width_changes(width), {"train": {"lr": lr, "min_lr": lr * study.min_lr_ratio}})
+                    if start > 0:
+                        runs.append(Run(study, variant, seed, None, update_nested(common, {"train": {
+                            "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
+                            "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
+                            labels={"stage": "stable", "width": width}))
+                    branch = {"max_steps": budget, "eval_every": budget}
+                    if start > 0:
+                        branch["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
+                    runs.append(Run(study, variant, seed, None, update_nested(common, {"train": branch}),
+                                    tag=f"{width}-tpp{tpp:g}",
+                                    labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget}))
+    return runs
+
+
+def update_nested(raw: dict, more: dict) -> dict:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for section, values in more.items():
+        out.setdefault(section, {}).update(values)
+    return out
+
+
+def scaling() -> Study:
+    study = Study("scaling", "the nonlinear query's effect against tokens per parameter and width (WSD branches)",
+                  base(), VARIANTS, seeds=SEEDS, data=DATA, report="scaling")
+
+    def stages(study_dir: Path):
+        sweep = sweep_runs(study)
+        yield sweep
+        yield budget_runs(study, study_dir, best_lrs(study_dir, sweep))
+
+    study.stages = stages
+    return study
+
+
+def describe_budgets() -> list[str]:
+    """One line per width: parameters, budgets in tokens per parameter, tokens and steps (for docs and nlq info)."""
+    lines, config = [], base()
+    for width, (shape, budgets, lrs, tpp) in WIDTHS.items():
+        n = non_embedding_parameters(update(config, {"model": shape}))
+        steps = [budget_steps(config, width, t) for t in budgets]
+        tokens = [s * config.train.batch_size * config.model.block_size for s in steps]
+        lines.append(f"{width}: {n:,} non-embedding parameters; budgets {budgets} tokens/parameter = "
+                     f"{', '.join(f'{t / 1e6:.2f}M' for t in tokens)} tokens; lr sweep {lrs} at {tpp} tokens/parameter")
+    return lines
+
+
+def planned_tokens() -> int:
+    """Training tokens of the whole study: the sweep, plus per (width, variant, seed) the longest stable run
+    and every budget's cooldown."""
+    config, total = base(), 0
+    for width, (_, budgets, lrs, tpp) in WIDTHS.items():
+        total += len(lrs) * len(VARIANTS) * budget_steps(config, width, tpp)
+        ends = [budget_steps(config, width, t) for t in budgets]
+        starts = [cooldown_start(update(config, {"train": {"max_steps": e}}).train) for e in ends]
+        total += len(SEEDS) * len(VARIANTS) * (max(starts) + sum(e - s for s, e in zip(starts, ends)))
+    return total * config.train.batch_size * config.model.block_size
+
+
+# ---- the report ------------------------------------------------------------------------------------------
+
+def build_scaling_report(study_dir: Path, study: dict) -> str:
+    """report.md (lr sweep; per width and budget the paired Δ val loss of each variant vs linear),
+    results.csv and scaling_delta.png (Δ against tokens per parameter, a line per width and variant, 95% band)."""
+    from nlq.report import _atomic_write, load_summaries, paired_difference
+
+    runs = load_summaries(study_dir, study)
+    sweep = [r for r in runs if r["stage"] == "lr-sweep"]
+    budgets = [r for r in runs if r["stage"] == "budget"]
+    variants = [v["name"] for v in study["variants"]]
+    lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
+             f"Corpus: `{(study.get('data_meta') or {}).get('source')}`, content hash "
+             f"`{str((study.get('data_meta') or {}).get('source_hash'))[:16]}`.", "", "## Learning-rate sweep", ""]
+    lines += _sweep_table(sweep, variants)
+    lines += ["", "## Δ val loss vs `linear` at each budget (variant - linear, paired by seed: same batches and "
+              "shared initial weights)", "",
+              "| width | tokens/param | tokens | linear val loss (mean ± std) | variant | pairs | mean Δ | 95% interval | verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    deltas = {}
+    for width in dict.fromkeys(r["width"] for r in budgets):
+        for tpp in sorted({r["tpp"] for r in budgets if r["width"] == width}):
+            cell = [r for r in budgets if r["width"] == width and r["tpp"] == tpp]
+            base = {r["seed"]: r for r in cell if r["variant"] == "linear"}
+            if not base:
+                continue
+            base_losses = [r["val_loss"] for r in base.values()]
+            base_text = f"{sum(base_losses) / len(base_losses):.4f}" + (
+                f" ± {_std(base_losses):.4f}" if len(base_losses) > 1 else "")
+            for variant in variants[1:]:
+                pairs = [(r["val_loss"], base[r["seed"]]["val_loss"]) for r in cell
+                         if r["variant"] == variant and r["seed"] in base]
+                if not pairs:
+                    continue
+                p = paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+                deltas[(width, variant, tpp)] = p
+                interval = f"[{p['low']:+.4f}, {p['high']:+.4f}]" if not math.isnan(p["low"]) else "n/a"
+                lines.append(f"| {width} | {tpp:g} | {cell[0]['tokens']:,} | {base_text} | {variant} | "
+                             f"{p['n']} | {p['mean']:+.4f} | {interval} | {p['verdict']} |")
+    lines += ["", "Plot: `scaling_delta.png` (mean Δ with its 95% interval band against tokens per parameter).", ""]
+    _plot_deltas(study_dir / "scaling_delta.png", deltas)
+    _write_runs_csv(study_dir / "results.csv", runs)
+    markdown = "\n".join(lines)
+    _atomic_write(study_dir / "report.md", markdown)
+    return markdown
+
+
+def _std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
+    if not sweep:
+        return ["No lr-sweep run has finished yet."]
+    lines = ["| width | variant | " + " | ".join(f"lr {lr:g}" for lr in sorted({r['lr'] for r in sweep})) + " | best lr |",
+             "|---|---|" + "---|" * (len({r["lr"] for r in sweep}) + 1)]
+    best_by_width: dict[str, set] = {}
+    for width in dict.fromkeys(r["width"] for r in sweep):
+        for variant in variants:
+            cells = {r["lr"]: r["val_loss"] for r in sweep if r["width"] == width and r["variant"] == variant}
+            if not cells:
+                continue
+            best = min(cells, key=cells.get)
+            best_by_width.setdefault(width, set()).add(best)
+            row = " | ".join(f"{cells[lr]:.4f}" if lr in cells else "" for lr in sorted({r['lr'] for r in sweep}))
+            lines.append(f"| {width} | {variant} | {row} | {best:g} |")
+    lines.append("")
+    for width, best in best_by_width.items():
+        lines.append(f"- {width}: the best lr is {'the same for every variant' if len(best) == 1 else 'not the same for every variant'} "
+                     f"({', '.join(f'{b:g}' for b in sorted(best))}); one seed, so a difference of one grid step can be noise.")
+    return lines
+
+
+def _plot_deltas(path: Path, deltas: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nlq.report import _save_figure
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for (width, variant) in dict.fromkeys((w, v) for w, v, _ in deltas):
+        points = sorted((tpp, p) for (w, v, tpp), p in deltas.items() if (w, v) == (width, variant))
+        x = [tpp for tpp, _ in points]
+        style = "-" if variant == "nonlinear" else "--"
+        line, = ax.plot(x, [p["mean"] for _, p in points], style, marker="o", label=f"{variant}, {width}")
+        low, high = [p["low"] for _, p in points], [p["high"] for _, p in points]
+        if not any(math.isnan(v) for v in low):
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.set(xscale="log", xlabel="training tokens per non-embedding parameter",
+           ylabel="Δ val loss vs linear (nats; < 0 is better)", title="scaling: paired Δ with 95% interval")
+    ax.grid(alpha=0.3)
+    if deltas:
+        ax.legend(fontsize=8)
+    _save_figure(fig, path)
+
+
+def _write_runs_csv(path: Path, runs: list[dict]) -> None:
+    import csv
+    import io
+
+    from nlq.report import _atomic_write
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    keys = ["name", "stage", "width", "tpp", "variant", "lr", "seed", "tokens", "non_embedding_parameters", "val_loss"]
+    writer.writerow(keys)
+    for r in runs:
+        writer.writerow([r.get(k) for k in keys])
+    _atomic_write(path, buffer.getvalue())
