@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 import torch
 
@@ -44,3 +46,29 @@ def tiny_run_config(data_dir, model=None, **train):
     values = dict(max_steps=8, batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=2, eval_every=4, log_every=1)
     values.update(train)
     return RunConfig(model=model, data=DataConfig(dir=str(data_dir), eval_windows=8), train=TrainConfig(**values))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_wrapped_run_matches_plain(config, strategy, backend, tmp_path, monkeypatch):
+    """Train config plainly, then as torchrun --nproc_per_node=1 would (a group of one, the model wrapped
+    by DDP or FSDP2); the two loss curves must agree."""
+    from nlq.config import update
+    from nlq.training.logging import read_metrics
+    from nlq.training.trainer import train
+
+    train(config, tmp_path / "plain", quiet=True)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    train(update(config, {"dist": {"strategy": strategy, "backend": backend}}), tmp_path / strategy, quiet=True)
+    plain, wrapped = (read_metrics(tmp_path / d / "metrics.jsonl") for d in ("plain", strategy))
+    a = [r["train_loss"] for r in plain if "train_loss" in r]
+    b = [r["train_loss"] for r in wrapped if "train_loss" in r]
+    assert len(a) == len(b) == config.train.max_steps
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 1e-4 * abs(x)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import tiny_run_config
+from conftest import assert_wrapped_run_matches_plain, tiny_run_config
 from nlq.training.logging import read_metrics
 from nlq.training.trainer import train
 
@@ -100,3 +100,16 @@ def test_study_runs_each_run_under_torchrun(byte_data, tmp_path):
     run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     for name in ("linear-s1", "nonlinear-s1"):
         assert '"world": 2' in (tmp_path / "runs" / name / "summary.json").read_text()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_torchrun_with_one_process_wraps_the_model_and_matches_the_plain_run(strategy, byte_data, tmp_path, monkeypatch):
+    """torchrun --nproc_per_node=1: a gloo group of one, DDP or FSDP2 around the model, the same curve."""
+    from nlq.training import distributed
+
+    wrapped = []
+    real_wrap = distributed.wrap
+    monkeypatch.setattr(distributed, "wrap", lambda model, env, s: wrapped.append(env) or real_wrap(model, env, s))
+    config = tiny_run_config(byte_data, max_steps=4, eval_every=2)
+    assert_wrapped_run_matches_plain(config, strategy, "gloo", tmp_path, monkeypatch)
+    assert [env.distributed for env in wrapped] == [False, True]

@@ -21,6 +21,7 @@ class DistEnv:
     world: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    group: bool = False  # in a process group (started by torchrun), even a world of one
 
     @property
     def is_main(self) -> bool:
@@ -28,7 +29,7 @@ class DistEnv:
 
     @property
     def distributed(self) -> bool:
-        return self.world > 1
+        return self.group or self.world > 1
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -44,17 +45,19 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def init(cfg: DistConfig, device_name: str) -> DistEnv:
-    """Join the process group when torchrun started us; otherwise a world of one."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    """Join the process group when torchrun started us (RANK, WORLD_SIZE, MASTER_ADDR set; with
+    --nproc_per_node=1 too, so DDP/FSDP run as they would on more processes); otherwise a plain process."""
+    launched = all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    world = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
+    rank, local_rank = (int(os.environ.get(v, "0")) for v in ("RANK", "LOCAL_RANK")) if launched else (0, 0)
     device = resolve_device(device_name, local_rank)
-    if world > 1 and not dist.is_initialized():
+    if launched and not dist.is_initialized():
         backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         if device.type == "cuda":
             torch.cuda.set_device(device)
         # the timeout turns a dead peer into an error on the survivors instead of a hang
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=cfg.timeout_s))
-    return DistEnv(rank, world, local_rank, device)
+    return DistEnv(rank, world, local_rank, device, group=launched)
 
 
 def wrap(model: nn.Module, env: DistEnv, strategy: str) -> nn.Module:
