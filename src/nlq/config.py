@@ -25,6 +25,7 @@ class ConfigError(UserError):
 
 
 ACTIVATIONS = ("gelu", "relu", "silu", "relu2")
+MLP_ACTIVATIONS = ("gelu", "gelu_tanh")
 ATTN_IMPLS = ("sdpa", "math")
 POSITIONS = ("learned", "rope")
 
@@ -65,6 +66,7 @@ class ModelConfig:
     n_head: int = 12
     n_embd: int = 768
     mlp_ratio: float = 4.0  # MLP hidden width = round(mlp_ratio * n_embd)
+    mlp_activation: str = "gelu"  # "gelu" (exact, the paper's) or "gelu_tanh" (GPT-2's approximation)
     causal: bool = True  # True: decoder (GPT); False: bidirectional encoder
     bias: bool = False
     dropout: float = 0.0
@@ -97,6 +99,7 @@ class ModelConfig:
             f"pick n_embd a multiple of n_head",
         )
         _check(self.mlp_ratio > 0, f"model.mlp_ratio={self.mlp_ratio} must be > 0")
+        _one_of("model", "mlp_activation", self.mlp_activation, MLP_ACTIVATIONS)
         _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _one_of("model", "query", self.query, tuple(PROJECTIONS))
         _check(self.query_rank is None or self.query_rank > 0, f"model.query_rank={self.query_rank} must be > 0")
@@ -161,6 +164,8 @@ class TrainConfig:
     decay_steps: int | None = None  # step at which the schedule reaches min_lr; None: max_steps
     cooldown_fraction: float = 0.2  # wsd: share of decay_steps spent cooling down (1 - sqrt) to min_lr
     resume_from: str | None = None  # start a new run from another run's checkpoint (weights, optimizer, step)
+    init_from: str | None = None  # start from weights only (an nlq run or checkpoint, or a Hugging Face GPT-2
+    # directory); a fresh optimizer at step 0. Projections that differ from the source's start fresh.
     weight_decay: float = 0.1  # applied to >= 2-D parameters only
     beta1: float = 0.9
     beta2: float = 0.95

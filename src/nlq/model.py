@@ -147,9 +147,10 @@ class MLP(nn.Module):
         self.down = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
         self.down.is_residual_output = True
         self.dropout = nn.Dropout(cfg.dropout)
+        self.approximate = "tanh" if cfg.mlp_activation == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down(F.gelu(self.up(x))))
+        return self.dropout(self.down(F.gelu(self.up(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):

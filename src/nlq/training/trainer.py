@@ -247,10 +247,19 @@ class Trainer:
         distributed.barrier(env)
 
         torch.manual_seed(tcfg.seed + env.rank)  # dropout: independent masks on each rank
-        self.model = Transformer(cfg.model, seed=tcfg.seed).to(env.device)  # the bare model: checkpoints are taken from it
+        self.model = Transformer(cfg.model, seed=tcfg.seed)  # the bare model: checkpoints are taken from it
+        self.fresh = None
+        if tcfg.init_from and not self.payload:  # weights trained elsewhere, a fresh optimizer at step 0
+            from nlq.interop.load import load_initial_weights
+
+            self.fresh = load_initial_weights(self.model, tcfg.init_from)
+        self.model = self.model.to(env.device)
         self.train_model = distributed.wrap(self.model, env, cfg.dist.strategy)
         self.optimizer = make_optimizer(self.model, tcfg, env.device, sharded=env.distributed and cfg.dist.strategy == "fsdp")
         if self.payload:
+            if "optimizer" not in self.payload:
+                raise UserError(f"{self.payload['path']} holds weights only (no optimizer state) and cannot be resumed; "
+                                f"start a new run from it with --train.init_from={self.payload['path']}")
             ckpt.load_full_state(self.model, self.optimizer, self.payload["model"], self.payload["optimizer"])
             _restore_rng(self.payload, env.device)
         if tcfg.compile:
@@ -306,6 +315,8 @@ class Trainer:
             f"{self.spec.accum} accum x {self.spec.micro_rows}), device {env.device}, "
             + (f"branching from {self.payload['branched_from']} at step {self.start_step}" if self.payload and "branched_from" in self.payload
                else f"resuming at step {self.start_step}" if self.payload else "from scratch"))
+        if self.fresh is not None:
+            logger.print(f"weights from {tcfg.init_from}" + (f"; fresh: {', '.join(self.fresh)}" if self.fresh else ""))
         if self.start_step == 0:
             logger.log(self._eval_record(0))
         last_ckpt = self.payload["path"] if self.payload else None

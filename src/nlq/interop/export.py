@@ -1,0 +1,170 @@
+"""`nlq export RUN_DIR|CKPT --to hf OUT_DIR`: a directory that transformers' Auto classes load.
+
+- A linear-query decoder with GPT-2's architecture becomes a plain GPT2LMHeadModel (no custom code).
+- Every other model (nonlinear or other projections, encoders, QK-norm, RoPE, GQA) becomes a custom model:
+  config.json with an auto_map, modeling_nlq.py and nlq's own model code beside it (loaded with
+  trust_remote_code=True), so it computes exactly what nlq computes. Encoders load as AutoModelForMaskedLM.
+- Weights in safetensors; the run's tokenizer as tokenizer.json (+ tokenizer_config.json), so the directory
+  works with AutoTokenizer and lm-evaluation-harness's HF backend.
+Written into a temporary directory beside OUT_DIR and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import tempfile
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from nlq.errors import UserError
+
+SHIPPED_SOURCES = {"nlq_errors.py": "errors.py", "nlq_config.py": "config.py", "nlq_projections.py": "projections.py",
+                   "nlq_model.py": "model.py"}
+EOT = "<|endoftext|>"
+MASK = "<|mask|>"
+
+
+def is_plain_gpt2(cfg) -> bool:
+    """Whether GPT2LMHeadModel computes exactly this model."""
+    return (cfg.causal and cfg.position == "learned" and not cfg.qk_norm and cfg.kv_heads == cfg.n_head
+            and set(cfg.placements.values()) == {"linear"}
+            and (cfg.attn_scale is None or math.isclose(cfg.attn_scale, cfg.head_size ** -0.5)))
+
+
+def export_hf(source: str | Path, out_dir: str | Path, overwrite: bool = False) -> str:
+    """Export a run (its latest checkpoint) or a checkpoint file; returns a one-line description."""
+    from nlq.generate import load_model
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"{out} exists and is not empty; choose another directory or pass --overwrite")
+    model, config, payload = load_model(source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        if is_plain_gpt2(config.model):
+            kind = _write_gpt2(model, config.model, tmp)
+        else:
+            kind = _write_custom(model, config.model, tmp)
+        tokenizer_note = write_tokenizer(Path(payload["path"]), tmp, masked=not config.model.causal)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return f"exported step {payload['step']} of {payload['path']} to {out} as {kind}; {tokenizer_note}"
+
+
+def _write_gpt2(model, cfg, out: Path) -> str:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from nlq.interop.load import gpt2_state
+
+    hf_config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+                           n_head=cfg.n_head, n_inner=cfg.mlp_hidden, layer_norm_epsilon=cfg.norm_eps,
+                           activation_function="gelu_new" if cfg.mlp_activation == "gelu_tanh" else "gelu",
+                           resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
+                           tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None, eos_token_id=None)
+    hf_model = GPT2LMHeadModel(hf_config)
+    missing, unexpected = hf_model.load_state_dict(gpt2_state(model.state_dict(), cfg), strict=False)
+    if unexpected or any(not k.endswith("attn.bias") and not k.endswith("masked_bias") for k in missing):
+        raise RuntimeError(f"GPT-2 conversion mismatch: missing {missing}, unexpected {unexpected}")
+    hf_model.save_pretrained(out, safe_serialization=True)
+    return "GPT2LMHeadModel (plain transformers, no custom code)"
+
+
+def _write_custom(model, cfg, out: Path) -> str:
+    import transformers
+    from safetensors.torch import save_file
+
+    remote = resources.files("nlq.interop") / "remote"
+    for name in ("configuration_nlq.py", "modeling_nlq.py"):
+        (out / name).write_text((remote / name).read_text())
+    package = resources.files("nlq")
+    for shipped, original in SHIPPED_SOURCES.items():  # nlq's own model code, imports made relative
+        source = (package / original).read_text()
+        (out / shipped).write_text(re.sub(r"from nlq\.(\w+) import", r"from .nlq_\1 import", source))
+    architecture = "NlqForCausalLM" if cfg.causal else "NlqForMaskedLM"
+    auto = "AutoModelForCausalLM" if cfg.causal else "AutoModelForMaskedLM"
+    hf_config = {"architectures": [architecture], "model_type": "nlq", "nlq_model": asdict(cfg),
+                 "auto_map": {"AutoConfig": "configuration_nlq.NlqConfig", auto: f"modeling_nlq.{architecture}"},
+                 "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": "float32", "dtype": "float32",
+                 "transformers_version": transformers.__version__}
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    state = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    if cfg.tie_embeddings:
+        del state["model.lm_head.weight"]  # the same tensor as the token embedding; tied again on load
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return f"{architecture} (custom code, load with trust_remote_code=True)"
+
+
+# ---- the tokenizer -----------------------------------------------------------------------------------------
+
+def write_tokenizer(checkpoint: Path, out: Path, masked: bool = False) -> str:
+    """The run's tokenizer as a transformers fast tokenizer (tokenizer.json + tokenizer_config.json)."""
+    from transformers import PreTrainedTokenizerFast
+
+    run_dir = checkpoint.parent.parent
+    meta_path = run_dir / "data_meta.json"
+    if not meta_path.is_file():
+        return f"no tokenizer written ({run_dir} has no data_meta.json)"
+    name = json.loads(meta_path.read_text())["tokenizer"]
+    backend = _backend_tokenizer(run_dir, name)
+    if backend is None:
+        return f"no tokenizer written (tokenizer {name}: GPT-2's vocab.bpe and encoder.json are not in {run_dir})"
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOT, bos_token=EOT, pad_token=EOT,
+                                        model_max_length=10**9)
+    if masked:
+        tokenizer.add_special_tokens({"mask_token": MASK})  # id = the data's vocabulary size, nlq's mask id
+    tokenizer.save_pretrained(out)
+    return f"tokenizer {name} written as tokenizer.json"
+
+
+def _backend_tokenizer(run_dir: Path, name: str):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    kind = name.partition(":")[0]
+    if kind == "bpe":
+        return Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+    if kind == "byte":  # ids 0-255 are the bytes themselves, 256 end-of-text: a BPE with no merges
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        byte_to_char = _byte_level_chars()
+        vocab = {byte_to_char[b]: b for b in range(256)}
+        assert set(vocab) == set(alphabet)
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens([EOT])
+        return tokenizer
+    if kind == "gpt2":
+        if not all((run_dir / f).is_file() for f in ("vocab.bpe", "encoder.json")):
+            return None
+        merges = [tuple(line.split()) for line in (run_dir / "vocab.bpe").read_text().splitlines()[1:] if line.strip()]
+        tokenizer = Tokenizer(models.BPE(vocab=json.loads((run_dir / "encoder.json").read_text()), merges=merges))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens([EOT])
+        return tokenizer
+    raise UserError(f"unknown tokenizer {name!r} in {run_dir}")
+
+
+def _byte_level_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, which the ByteLevel pre-tokenizer applies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+

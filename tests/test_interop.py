@@ -1,0 +1,334 @@
+"""nlq outside nlq: the standalone module, HF export/import, the paper's checkpoints, retrofitting HF models.
+Everything is built locally from tiny random configs; nothing is downloaded."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_model_config, tiny_run_config
+from nlq.training.trainer import train
+
+transformers = pytest.importorskip("transformers")
+
+
+def trained_run(byte_data, tmp_path, name="run", **model_changes):
+    model = tiny_model_config(**(dict(vocab_size=257, block_size=32, n_layer=2, n_head=2, n_embd=32) | model_changes))
+    config = tiny_run_config(byte_data, model=model, max_steps=3, eval_every=3,
+                             objective="clm" if model.causal else "mlm")
+    train(config, tmp_path / name, quiet=True)
+    return tmp_path / name
+
+
+def nlq_logits(run_dir, ids):
+    from nlq.generate import load_model
+
+    model, _, _ = load_model(run_dir)
+    return model(ids)[0]
+
+
+IDS = torch.tensor([[72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 256, 3, 9]])
+
+
+def test_linear_run_exports_as_plain_gpt2(byte_data, tmp_path):
+    from nlq.cli import main
+
+    run = trained_run(byte_data, tmp_path)
+    main(["export", str(run), "--to", "hf", str(tmp_path / "hf")])
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and "auto_map" not in config
+    assert (tmp_path / "hf" / "model.safetensors").is_file() and not list((tmp_path / "hf").glob("*.py"))
+    gpt2 = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    auto = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    expected = nlq_logits(run, IDS)
+    with torch.no_grad():
+        torch.testing.assert_close(gpt2(IDS).logits, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(auto(IDS).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("changes", [dict(query="nonlinear"), dict(query="identity"),
+                                     dict(query="nonlinear", qk_norm=True, position="rope", n_kv_head=1)])
+def test_other_variants_export_as_custom_code_with_the_same_logits(byte_data, tmp_path, changes):
+    run = trained_run(byte_data, tmp_path, **changes)
+    from nlq.interop.export import export_hf
+
+    message = export_hf(run, tmp_path / "hf")
+    assert "NlqForCausalLM" in message
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS).logits, nlq_logits(run, IDS), rtol=1e-5, atol=1e-5)
+        out = model(IDS, labels=IDS)
+    assert out.loss is not None and math.isfinite(out.loss.item())
+    assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()  # tied
+
+
+def test_encoder_exports_as_masked_lm(byte_data, tmp_path):
+    run = trained_run(byte_data, tmp_path, vocab_size=258, causal=False, query="nonlinear")
+    from nlq.interop.export import export_hf
+
+    export_hf(run, tmp_path / "hf")
+    model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tokenizer.mask_token_id == 257  # nlq's mask id: the data's vocabulary size
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS).logits, nlq_logits(run, IDS), rtol=1e-5, atol=1e-5)
+
+
+def test_exported_tokenizer_encodes_like_nlq(byte_data, tmp_path):
+    """byte here; bpe below: the exported tokenizer.json gives nlq's ids and decodes back."""
+    from nlq.data.tokenizers import load_tokenizer
+    from nlq.interop.export import export_hf
+
+    run = trained_run(byte_data, tmp_path)
+    export_hf(run, tmp_path / "hf")
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    nlq = load_tokenizer(run, "byte")
+    for text in ["Shall I compare thee", "  naïve café — ünïcödé\n\ttabs", "x = {'a': [1, 2]}  # ok"]:
+        assert hf.encode(text, add_special_tokens=False) == nlq.encode_batch([text])[0].tolist()
+        assert hf.decode(hf.encode(text, add_special_tokens=False)) == text
+    assert hf.eos_token_id == 256 == nlq.eot_id
+
+
+def test_exported_bpe_tokenizer_encodes_like_nlq(tmp_path):
+    from nlq.data.shards import prepare
+    from nlq.data.tokenizers import load_tokenizer
+    from nlq.interop.export import write_tokenizer
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(30):
+        (docs / f"{i}.txt").write_text(f"def function_{i}(x):\n    return x * {i} + 'naïve'\n" * 4)
+    prepare(str(docs), "bpe:300", tmp_path / "data", log=lambda *_: None, val_fraction=0.2)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("tokenizer.json",):
+        (run / name).write_bytes((tmp_path / "data" / name).read_bytes())
+    (run / "data_meta.json").write_text((tmp_path / "data" / "meta.json").read_text())
+    write_tokenizer(run / "checkpoints" / "step_0000001.pt", tmp_path / "hf")
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    nlq = load_tokenizer(tmp_path / "data", "bpe:300")
+    text = "def function_7(y):\n    return y * 7 + 'naïve'  # new text"
+    assert hf.encode(text, add_special_tokens=False) == nlq.encode_batch([text])[0].tolist()
+
+
+def tiny_gpt2(tmp_path):
+    config = transformers.GPT2Config(vocab_size=257, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    torch.manual_seed(3)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # random biases and norms, so a forgotten one would show
+        for name, p in model.named_parameters():
+            if "bias" in name or "ln_" in name:
+                p.uniform_(-0.5, 0.5) if "bias" in name else p.uniform_(0.5, 1.5)
+    model.save_pretrained(tmp_path / "gpt2")
+    return model
+
+
+def test_hf_gpt2_imports_with_the_same_logits(tmp_path):
+    from nlq.config import ModelConfig
+    from nlq.interop.load import hf_gpt2
+    from nlq.model import Transformer
+
+    hf = tiny_gpt2(tmp_path)
+    fields, state = hf_gpt2(tmp_path / "gpt2")
+    assert fields["mlp_activation"] == "gelu_tanh" and fields["bias"] is True
+    model = Transformer(ModelConfig(**fields)).eval()
+    model.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS)[0], hf(IDS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_training_starts_from_hf_gpt2_and_converts_its_query(byte_data, tmp_path):
+    """--train.init_from=GPT2_DIR: the shape comes from the checkpoint; with --model.query=nonlinear the
+    trained W_Q is dropped and the nonlinear query starts fresh, everything else is GPT-2's."""
+    from nlq.cli import main
+    from nlq.interop.load import hf_gpt2
+    from nlq.training.checkpoint import load_checkpoint
+
+    tiny_gpt2(tmp_path)
+    main(["train", "--data", str(byte_data), "--out", str(tmp_path / "run"), "--preset", "nano",
+          f"--train.init_from={tmp_path / 'gpt2'}", "--model.query=nonlinear", "--train.max_steps=2",
+          "--train.lr=1e-9", "--train.min_lr=0", "--train.batch_size=2", "--data.eval_windows=2", "--train.eval_every=2"])
+    config = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
+    assert (config["n_embd"], config["bias"], config["mlp_activation"], config["query"]) == (32, True, "gelu_tanh", "nonlinear")
+    state = load_checkpoint(tmp_path / "run")["model"]
+    _, source = hf_gpt2(tmp_path / "gpt2")
+    torch.testing.assert_close(state["blocks.1.attn.kv_proj.weight"], source["blocks.1.attn.kv_proj.weight"], rtol=1e-5, atol=1e-6)
+    assert "blocks.0.attn.q_proj.up.weight" in state and "blocks.0.attn.q_proj.weight_proj.weight" not in state
+
+
+# ---- the paper's checkpoints ------------------------------------------------------------------------------
+
+def paper_checkpoint(mode, d=16, heads=2, layers=2, vocab=50, block=8, hidden=40, scale=None):
+    """A dict in the paper's nanoGPT format (names and shapes of its model.py), random values."""
+    g = torch.Generator().manual_seed(7)
+    rnd = lambda *shape: torch.randn(*shape, generator=g) * 0.3  # noqa: E731
+    t = "_orig_mod.transformer."
+    state = {t + "wte.weight": rnd(vocab, d), t + "wpe.weight": rnd(block, d), t + "ln_f.weight": 1 + rnd(d)}
+    for i in range(layers):
+        h = f"{t}h.{i}."
+        state |= {h + "ln_1.weight": 1 + rnd(d), h + "ln_2.weight": 1 + rnd(d),
+                  h + "attn.c_attn.weight": rnd((3 if mode in ("original", "residual") else 2) * d, d),
+                  h + "attn.c_proj.weight": rnd(d, d), h + "mlp.c_fc.weight": rnd(hidden, d),
+                  h + "mlp.c_proj.weight": rnd(d, hidden)}
+        if mode == "residual_gelu":
+            state |= {h + "attn.residual_rmsnorm_input.weight": 1 + rnd(d), h + "attn.residual_in.weight": rnd(d // 2, d),
+                      h + "attn.residual_out.weight": rnd(d, d // 2), h + "attn.residual_layernorm_output.weight": 1 + rnd(d)}
+    state["_orig_mod.lm_head.weight"] = state[t + "wte.weight"]
+    scale = scale or (1 / (2 * math.sqrt(d // heads)) if mode != "original" else 1 / math.sqrt(d // heads))
+    args = dict(n_layer=layers, num_heads=heads, n_embd=d, block_size=block, vocab_size=vocab, bias=False,
+                tie_weights=True, head_size=d // heads, scale=scale, query_mode=mode, mlp_hidden_size=hidden, dropout=0.0)
+    return {"model": state, "model_args": args, "iter_num": 1234, "config": {"learning_rate": 6e-4}}
+
+
+def paper_forward(ckpt, idx):
+    """The paper's model, written out from its formulas (section 2 of shared/paper.md), on the raw tensors."""
+    s = {k.removeprefix("_orig_mod.transformer.").removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
+    a = ckpt["model_args"]
+    d, nh, mode = a["n_embd"], a["num_heads"], a["query_mode"]
+    ln = lambda x, w: F.layer_norm(x, (d,), w, None, 1e-5)  # noqa: E731
+    T = idx.shape[1]
+    x = s["wte.weight"][idx] + s["wpe.weight"][:T]
+    for i in range(a["n_layer"]):
+        p = lambda n: s[f"h.{i}.{n}"]  # noqa: E731
+        h = ln(x, p("ln_1.weight"))
+        proj = h @ p("attn.c_attn.weight").T
+        if mode in ("original", "residual"):
+            q, k, v = proj.split(d, dim=-1)
+            q = q if mode == "original" else h + q
+        else:
+            k, v = proj.split(d, dim=-1)
+            if mode == "identity":
+                q = h
+            else:
+                r = h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * p("attn.residual_rmsnorm_input.weight")
+                f = ln(F.gelu(r @ p("attn.residual_in.weight").T) @ p("attn.residual_out.weight").T,
+                       p("attn.residual_layernorm_output.weight"))
+                q = h + f
+        heads = []
+        for j in range(nh):
+            sl = slice(j * d // nh, (j + 1) * d // nh)
+            scores = (q[..., sl] @ k[..., sl].transpose(-1, -2)) * a["scale"]
+            scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+            heads.append(scores.softmax(-1) @ v[..., sl])
+        x = x + torch.cat(heads, -1) @ p("attn.c_proj.weight").T
+        x = x + F.gelu(ln(x, p("ln_2.weight")) @ p("mlp.c_fc.weight").T) @ p("mlp.c_proj.weight").T
+    return ln(x, s["ln_f.weight"]) @ s["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("mode", ["original", "identity", "residual", "residual_gelu"])
+def test_paper_checkpoint_of_each_mode_computes_its_formula(mode, tmp_path):
+    from nlq.cli import main
+    from nlq.generate import load_model
+
+    ckpt = paper_checkpoint(mode)
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    main(["import-checkpoint", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "run")])
+    model, config, payload = load_model(tmp_path / "run")
+    assert payload["step"] == 1234
+    assert config.model.query == {"original": "linear", "identity": "identity", "residual": "residual",
+                                  "residual_gelu": "nonlinear"}[mode]
+    idx = torch.tensor([[1, 5, 9, 2, 44, 7, 0, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], paper_forward(ckpt, idx), rtol=1e-5, atol=1e-5)
+    from nlq.interop.export import export_hf  # and it goes on to transformers
+
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, paper_forward(ckpt, idx), rtol=1e-5, atol=1e-5)
+
+
+def test_imported_run_cannot_be_resumed_but_can_start_a_run(byte_data, tmp_path):
+    from nlq.cli import main
+    from nlq.interop.load import import_run
+
+    tiny_gpt2(tmp_path)
+    import_run(tmp_path / "gpt2", tmp_path / "imported")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--out", str(tmp_path / "imported"), "--resume", "--data", str(byte_data)])
+    assert exit_info.value.code == 2
+
+
+def test_untrusted_checkpoint_never_runs_code(tmp_path):
+    """A pickle that would run code on load is refused (weights_only), with a one-line error."""
+    import pickle
+
+    class Exploit:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    with open(tmp_path / "ckpt.pt", "wb") as f:
+        pickle.dump({"model": Exploit(), "model_args": {}}, f)
+    result = subprocess.run([sys.executable, "-m", "nlq", "import-checkpoint", str(tmp_path / "ckpt.pt"), "--out",
+                             str(tmp_path / "run")], capture_output=True, text=True)
+    assert result.returncode == 2 and "pwned" not in result.stdout + result.stderr
+    assert "cannot read" in result.stderr and "Traceback" not in result.stderr
+
+
+# ---- retrofitting transformers models ----------------------------------------------------------------------
+
+def assert_query_is_the_formula(query, x):
+    h = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * query.in_norm_weight
+    f = F.layer_norm(F.gelu(h @ query.up.weight.T) @ query.down.weight.T, (x.shape[-1],), query.out_norm.weight, None, 1e-5)
+    torch.testing.assert_close(query(x), (x + f) / 2)
+
+
+def test_retrofit_llama_runs_forward_and_backward():
+    from nlq import NonlinearQuery
+    from nlq.interop.hf import apply_nonlinear_query
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config)
+    before = sum(p.numel() for p in model.parameters())
+    replaced = apply_nonlinear_query(model)
+    assert replaced == ["model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"]
+    assert sum(p.numel() for p in model.parameters()) == before + 2 * 2 * 32  # d^2 -> d^2 + two norm gains
+    ids = torch.randint(0, 64, (2, 10))
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    query = model.model.layers[0].self_attn.q_proj
+    assert isinstance(query, NonlinearQuery) and query.up.weight.grad.abs().sum() > 0
+    assert_query_is_the_formula(query, torch.randn(3, 32))
+
+
+def test_retrofit_gpt2_splits_c_attn_and_keeps_keys_and_values():
+    from nlq.interop.hf import apply_nonlinear_query
+
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    kv_before = model.transformer.h[0].attn.c_attn.weight[:, 32:].clone()
+    assert apply_nonlinear_query(model) == ["transformer.h.0.attn.c_attn", "transformer.h.1.attn.c_attn"]
+    fused = model.transformer.h[0].attn.c_attn
+    torch.testing.assert_close(fused.kv.weight, kv_before.T)
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(fused(x)[..., 32:], fused.kv(x))
+    assert_query_is_the_formula(fused.query, x)
+    ids = torch.randint(0, 64, (2, 10))
+    model(ids, labels=ids).loss.backward()
+    assert fused.query.down.weight.grad.abs().sum() > 0
+
+
+def test_retrofit_refuses_unsupported_models():
+    from nlq.errors import UserError
+    from nlq.interop.hf import apply_nonlinear_query
+
+    with pytest.raises(UserError, match="no supported attention found"):
+        apply_nonlinear_query(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+# ---- light imports -------------------------------------------------------------------------------------------
+
+def test_import_nlq_and_the_module_need_torch_alone():
+    """Whatever torch imports, `from nlq import NonlinearQuery` adds only nlq's own modules."""
+    code = ("import sys, torch; before = set(sys.modules); import nlq; from nlq import NonlinearQuery; "
+            "NonlinearQuery(8)(torch.zeros(1, 8)); print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "['nlq']"
+
+
+def test_cli_help_does_not_import_torch():
+    code = "import sys; from nlq.cli import build_parser; build_parser().format_help(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
