@@ -69,3 +69,27 @@ def test_parse_overrides_nests_sections():
 def test_train_config_validation():
     with pytest.raises(ConfigError, match="train.min_lr"):
         TrainConfig(lr=1e-3, min_lr=1e-2)
+
+
+def test_config_file_layers_over_the_preset_and_a_resumed_runs_config(byte_data, tmp_path):
+    """One rule: preset (or the run's own config on resume), then the file's fields, then overrides; a field
+    the file does not set keeps the layer below."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    (tmp_path / "lr.yaml").write_text("train:\n  lr: 0.01\n  max_steps: 4\n")
+    info = subprocess.run([sys.executable, "-m", "nlq", "info", "nano", "--config", str(tmp_path / "empty.yaml")],
+                          capture_output=True, text=True).stdout
+    assert "n_layer=2 n_embd=64" in info and "vocab_size=8192" in info
+    from nlq.cli import main
+
+    common = ["--model.vocab_size=257", "--model.block_size=32", "--train.batch_size=2", "--data.eval_windows=2",
+              "--train.eval_every=2"]
+    main(["train", "--data", str(byte_data), "--out", str(tmp_path / "run"), "--preset", "nano",
+          "--train.max_steps=2", *common])
+    main(["train", "--out", str(tmp_path / "run"), "--resume", "--config", str(tmp_path / "lr.yaml")])
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["train"]["lr"] == 0.01 and saved["train"]["max_steps"] == 4  # from the file
+    assert saved["model"]["n_embd"] == 64 and saved["data"]["dir"] == str(byte_data.resolve())  # kept from the run

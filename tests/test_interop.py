@@ -332,3 +332,28 @@ def test_import_nlq_and_the_module_need_torch_alone():
 def test_cli_help_does_not_import_torch():
     code = "import sys; from nlq.cli import build_parser; build_parser().format_help(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+# ---- self-contained runs -------------------------------------------------------------------------------------
+
+def test_a_copied_checkpoint_file_keeps_its_tokenizer_and_the_final_model_is_safetensors(byte_data, tmp_path):
+    import shutil
+
+    from safetensors import safe_open
+
+    from nlq.generate import load_model, run_tokenizer
+
+    run = trained_run(byte_data, tmp_path)
+    alone = tmp_path / "elsewhere" / "step.pt"
+    alone.parent.mkdir()
+    shutil.copyfile(next((run / "checkpoints").glob("step_*.pt")), alone)
+    assert run_tokenizer(alone).encode_batch(["Thou art"])[0].tolist() == list(b"Thou art")
+    result = subprocess.run([sys.executable, "-m", "nlq", "sample", str(alone), "--prompt", "Thou", "--max-new-tokens",
+                             "5"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("Thou")
+    with safe_open(str(run / "model.safetensors"), framework="pt") as f:  # weights only: no optimizer state
+        assert not any("exp_avg" in k for k in f.keys()) and "nlq_config" in f.metadata()
+    model_only, _, payload = load_model(run / "model.safetensors")
+    full, _, _ = load_model(run)
+    assert payload["step"] == 3
+    torch.testing.assert_close(model_only(IDS)[0], full(IDS)[0], rtol=0, atol=0)

@@ -21,10 +21,10 @@ def _config(args: argparse.Namespace, overrides: list[str]):
     from nlq.presets import get_preset
 
     config = get_preset(args.preset) if getattr(args, "preset", None) else RunConfig()
-    if getattr(args, "config", None):
-        from nlq.config import update
+    if getattr(args, "config", None):  # one rule everywhere: preset, then the file's fields, then overrides
+        from nlq.config import read_config_file, update
 
-        config = update(config, RunConfig.load(args.config).to_dict())
+        config = update(config, read_config_file(args.config))
     return apply_overrides(config, overrides)
 
 
@@ -61,14 +61,14 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from pathlib import Path
 
-    from nlq.config import RunConfig, apply_overrides, update
+    from nlq.config import RunConfig, apply_overrides, read_config_file, update
     from nlq.training.trainer import train
 
     saved = Path(args.out) / "config.json"
     if args.resume and saved.is_file() and not args.preset:
-        config = RunConfig.load(saved)  # continue with the run's own config; overrides apply on top
+        config = RunConfig.load(saved)  # continue with the run's own config; the file and overrides on top
         if args.config:
-            config = update(config, RunConfig.load(args.config).to_dict())
+            config = update(config, read_config_file(args.config))
         config = apply_overrides(config, overrides)
     else:
         config = _config(args, overrides)

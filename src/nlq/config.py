@@ -247,30 +247,36 @@ class RunConfig:
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
         """Read a config from .json, .yaml/.yml or .toml; nested as {section: {field: value}}."""
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        text = path.read_text()
-        try:
-            if path.suffix == ".toml":
-                import tomllib
+        return cls.from_dict(read_config_file(path))
 
-                raw = tomllib.loads(text)
-            elif path.suffix in (".yaml", ".yml"):
-                import yaml
 
-                raw = yaml.safe_load(text) or {}
-            elif path.suffix == ".json":
-                raw = json.loads(text)
-            else:
-                raise ConfigError(f"config file {path} must end in .yaml, .yml, .toml or .json")
-        except ConfigError:
-            raise
-        except Exception as e:  # a parse error in the user's file
-            raise ConfigError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections (model, data, train, dist)")
-        return cls.from_dict(raw)
+def read_config_file(path: str | Path) -> dict:
+    """The raw {section: {field: value}} of a .json, .yaml/.yml or .toml file: only the fields it sets, so it
+    layers over a preset (or a run's own config) without resetting anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            raw = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            raw = yaml.safe_load(text) or {}
+        elif path.suffix == ".json":
+            raw = json.loads(text)
+        else:
+            raise ConfigError(f"config file {path} must end in .yaml, .yml, .toml or .json")
+    except ConfigError:
+        raise
+    except Exception as e:  # a parse error in the user's file
+        raise ConfigError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections (model, data, train, dist)")
+    return raw
 
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))

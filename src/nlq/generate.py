@@ -29,12 +29,23 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, RunC
 
 
 def run_tokenizer(checkpoint_path: str | Path):
-    """The tokenizer a run was trained with; its files sit in the run directory (training copies them)."""
-    run_dir = Path(checkpoint_path).parent.parent  # RUN_DIR/checkpoints/step_*.pt
+    """The tokenizer a run was trained with: from its run directory (training copies the files there), or
+    from the checkpoint itself, which carries them (a checkpoint file copied on its own)."""
+    import tempfile
+
+    path = Path(checkpoint_path)
+    run_dir = path.parent if path.suffix == ".safetensors" else path.parent.parent  # RUN_DIR/checkpoints/step_*.pt
     meta_path = run_dir / "data_meta.json"
-    if not meta_path.is_file():
-        raise UserError(f"{run_dir} has no data_meta.json, so its tokenizer is unknown; use nlq eval --data instead")
-    return load_tokenizer(run_dir, json.loads(meta_path.read_text())["tokenizer"])
+    if meta_path.is_file():
+        return load_tokenizer(run_dir, json.loads(meta_path.read_text())["tokenizer"])
+    stored = ckpt.load_checkpoint(path).get("tokenizer") if path.suffix == ".pt" else None
+    if not stored:
+        raise UserError(f"{run_dir} has no data_meta.json and {path.name} carries no tokenizer, so the tokenizer is "
+                        f"unknown; use nlq eval --data instead")
+    folder = Path(tempfile.mkdtemp(prefix="nlq-tokenizer-"))
+    for name, text in stored["files"].items():
+        (folder / name).write_text(text)
+    return load_tokenizer(folder, json.loads(stored["data_meta"])["tokenizer"])
 
 
 def encode_text(tokenizer, text: str, what: str) -> np.ndarray:

@@ -83,6 +83,50 @@ def save_checkpoint(run_dir: Path, step: int, payload: dict, keep: int) -> Path:
     return path
 
 
+MODEL_FILE = "model.safetensors"
+
+
+def save_model_only(run_dir: Path, model_state: dict, config: dict, step: int) -> Path:
+    """The final weights alone, in safetensors (no optimizer, no pickle), with the run's config in the file's
+    metadata: what a user shares or loads elsewhere (nlq eval/sample/export take it too). Resume state stays
+    in checkpoints/."""
+    import json
+
+    from safetensors.torch import save_file
+
+    path = Path(run_dir) / MODEL_FILE
+    tensors, seen = {}, {}
+    for name, tensor in model_state.items():  # a tied lm_head is the token embedding: stored once
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen[key] = name
+        tensors[name] = tensor.detach().contiguous()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata={"format": "pt", "nlq_config": json.dumps(config), "step": str(step)})
+    os.replace(tmp, path)
+    return path
+
+
+def load_model_only(path: Path) -> dict:
+    """A model.safetensors as a checkpoint payload (weights, config, step; no optimizer)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        state = load_file(str(path))
+        config = json.loads(metadata["nlq_config"])
+    except Exception as e:
+        raise UserError(f"{path} is not an nlq model file ({type(e).__name__}); use a run directory or a checkpoint") from None
+    if config.get("model", {}).get("tie_embeddings", True) and "lm_head.weight" not in state:
+        state["lm_head.weight"] = state["tok_emb.weight"]
+    return {"model": state, "step": int(metadata.get("step", 0)), "config": config, "path": str(path)}
+
+
 def resolve_checkpoint(path_or_run: str | Path) -> Path:
     """A checkpoint file, or the latest checkpoint of a run directory."""
     path = Path(path_or_run)
@@ -98,6 +142,8 @@ def resolve_checkpoint(path_or_run: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path) -> dict:
     path = resolve_checkpoint(path)
+    if path.suffix == ".safetensors":
+        return load_model_only(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or not a torch file

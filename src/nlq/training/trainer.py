@@ -194,12 +194,21 @@ def check_vocab(data: TokenData, model: ModelConfig, objective: str = "clm") -> 
                         f"with a smaller tokenizer")
 
 
+TOKENIZER_FILES = ("tokenizer.json", *GPT2_FILES)
+
+
 def copy_data_files(data: TokenData, run_dir: Path) -> None:
     """Keep what eval --text and sample need in the run directory: the data's meta and tokenizer files."""
     shutil.copyfile(data.directory / "meta.json", run_dir / "data_meta.json")
-    for name in ("tokenizer.json", *GPT2_FILES):
+    for name in TOKENIZER_FILES:
         if (data.directory / name).is_file():
             shutil.copyfile(data.directory / name, run_dir / name)
+
+
+def tokenizer_files(data: TokenData) -> dict:
+    """The data's meta and tokenizer files as text, stored in every checkpoint."""
+    files = {name: (data.directory / name).read_text() for name in TOKENIZER_FILES if (data.directory / name).is_file()}
+    return {"data_meta": json.dumps(data.meta), "files": files}
 
 
 def _restore_rng(payload: dict, device: torch.device) -> None:
@@ -268,6 +277,7 @@ class Trainer:
         self.plan = BatchPlan(self.data.train, cfg.model.block_size, self.spec.global_rows, tcfg.seed, cfg.data.batch_mode)
         self.eval_set = make_eval_set(cfg, self.data)
         self.flops_per_token = self.model.flops_per_token()
+        self.tokenizer_files = tokenizer_files(self.data)
         self.peak = peak_flops(tcfg, env.device, self.dtype)
 
     def _existing_checkpoint(self, resume: bool) -> dict | None:
@@ -402,8 +412,11 @@ class Trainer:
         path = ckpt.checkpoint_dir(self.run_dir) / f"step_{step:07d}.pt"
         if self.env.is_main:
             payload = {"model": model_state, "optimizer": optim_state, "step": step,
-                       "rng": _rng_state(self.env.device), "config": self.config.to_dict()}
+                       "rng": _rng_state(self.env.device), "config": self.config.to_dict(),
+                       "tokenizer": self.tokenizer_files}  # a copied checkpoint file still knows its tokenizer
             path = ckpt.save_checkpoint(self.run_dir, step, payload, self.config.train.keep_checkpoints)
+            if step == self.config.train.max_steps:
+                ckpt.save_model_only(self.run_dir, model_state, self.config.to_dict(), step)
         distributed.barrier(self.env)
         return str(path)
 
