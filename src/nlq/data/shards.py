@@ -23,6 +23,7 @@ import numpy as np
 from nlq.data.sources import Source, get_source
 from nlq.data.tokenizers import build_tokenizer, check_tokenizer_name, load_tokenizer
 from nlq.errors import UserError
+from nlq.lock import DirectoryLock, remove_stale
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -63,6 +64,8 @@ def prepare(source_spec: str, tokenizer_name: str, out: str | Path, *, overwrite
     """Prepare a data directory; returns its meta. A directory already prepared from the same inputs is
     reused as it is; one holding anything else is refused unless overwrite."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory; choose a directory path for the prepared data")
     if not 0 < val_fraction < 1:
         raise UserError(f"--val-fraction={val_fraction} must be in (0, 1)")
     check_tokenizer_name(tokenizer_name)
@@ -72,11 +75,18 @@ def prepare(source_spec: str, tokenizer_name: str, out: str | Path, *, overwrite
     if out.exists() and not overwrite and (existing := _existing_meta(out, request)):
         log(f"{out} is already prepared from {source.name} with {tokenizer_name}; reusing it (--overwrite rebuilds)")
         return existing
-    start = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with DirectoryLock(out.parent / f".{out.name}.lock", f"data directory {out}"):
+        for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
+            remove_stale(out.parent, pattern)
+        return _prepare(source, tokenizer_name, out, request, seed, val_fraction, chunk_chars, log)
 
+
+def _prepare(source: Source, tokenizer_name: str, out: Path, request: dict, seed: int, val_fraction: float,
+             chunk_chars: int, log) -> dict:
+    start = time.perf_counter()
     tokenizer = build_tokenizer(tokenizer_name, _split_documents(source, seed, val_fraction, "train"))
     dtype = token_dtype(tokenizer.vocab_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         stats = {split: {"documents": 0, "tokens": 0, "bytes": 0} for split in SPLITS}

@@ -6,6 +6,7 @@ by N processes (DDP or FSDP) resumes in M. Loading uses torch.load(weights_only=
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -59,6 +60,33 @@ def load_full_state(model, optimizer, model_state: dict, optim_state: dict | Non
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=options)
 
 
+def payload_digest(payload: dict) -> str:
+    """A blake2b digest of everything in a payload except its "checksum" and "path": every tensor's dtype,
+    shape and bytes, every other value's repr, in key order. Stored at save, recomputed at load, so a
+    flipped byte anywhere in the tensor data is caught instead of silently training on it."""
+    digest = hashlib.blake2b(digest_size=16)
+
+    def visit(value) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous().reshape(-1)  # 0-d tensors (optimizer steps) too
+            digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                if key not in ("checksum", "path"):
+                    digest.update(f"K{key!r}".encode())
+                    visit(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"L{len(value)}".encode())
+            for item in value:
+                visit(item)
+        else:
+            digest.update(f"V{value!r}".encode())
+
+    visit(payload)
+    return digest.hexdigest()
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -72,10 +100,16 @@ def save_checkpoint(run_dir: Path, step: int, payload: dict, keep: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:07d}.pt"
     tmp = folder / f".{path.name}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
+    payload = payload | {"checksum": payload_digest(payload)}
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:  # a full disk shows as RuntimeError from torch's zip writer
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write checkpoint {path}: {_reason(e)}; the earlier checkpoints are untouched; "
+                        f"free space (or fix permissions) and resume") from None
     os.replace(tmp, path)  # atomic: readers see the old file set or the new one, never half a file
     _fsync_dir(folder)
     for old in list_checkpoints(run_dir)[:-keep]:
@@ -151,9 +185,22 @@ def load_checkpoint(path: str | Path) -> dict:
                         f"use an earlier one in {path.parent}") from None
     if not isinstance(payload, dict) or not {"model", "step", "config"} <= payload.keys():
         raise UserError(f"{path} is not an nlq checkpoint (missing model/step/config)")
+    others = [p.name for p in list_checkpoints(path.parent.parent) if p != path] if _NAME.match(path.name) else []
+    earlier = f"; other checkpoints in {path.parent}: {', '.join(others)}" if others else ""
+    if "checksum" in payload and payload_digest(payload) != payload["checksum"]:  # nlq 0.1 wrote none
+        raise UserError(f"checkpoint {path} is corrupt: its contents do not match the checksum stored in it{earlier}")
+    if _NAME.match(path.name) and int(_NAME.match(path.name).group(1)) != payload["step"]:
+        raise UserError(f"checkpoint {path} holds step {payload['step']}, not the step in its name{earlier}")
     payload["model"] = clean_state_dict(payload["model"])
     payload["path"] = str(path)
     return payload
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return "no space left on the device or the file could not be written" if "PytorchStreamWriter" in text else text
 
 
 def clean_state_dict(state: dict) -> dict:

@@ -25,6 +25,7 @@ from nlq.data.batches import IGNORE, BatchPlan, eval_starts, mlm_windows, window
 from nlq.data.shards import TokenData, load_data
 from nlq.data.tokenizers import GPT2_FILES
 from nlq.errors import UserError
+from nlq.lock import DirectoryLock, remove_stale
 from nlq.model import Transformer
 from nlq.training import checkpoint as ckpt
 from nlq.training import distributed
@@ -230,8 +231,15 @@ def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: b
     """Train one run into run_dir; returns its summary. Joins the process group under torchrun."""
     env = distributed.init(config.dist, config.train.device)
     tune_allocator()
+    run_dir = Path(run_dir)
+    lock = (DirectoryLock(run_dir.parent / f".{run_dir.name}.lock", f"run directory {run_dir}") if env.is_main
+            else contextlib.nullcontext())
     try:
-        return Trainer(config, Path(run_dir), env, resume, quiet).run()
+        with lock:  # one writer per run directory, for the life of this process
+            if env.is_main:  # leftovers of a killed process: half-written checkpoints and records
+                for folder, pattern in ((run_dir / "checkpoints", ".step_*.tmp-*"), (run_dir, ".*.tmp-*"), (run_dir, "*.tmp")):
+                    remove_stale(folder, pattern)
+            return Trainer(config, run_dir, env, resume, quiet).run()
     finally:
         distributed.shutdown(env)
 
