@@ -113,3 +113,15 @@ def test_torchrun_with_one_process_wraps_the_model_and_matches_the_plain_run(str
     config = tiny_run_config(byte_data, max_steps=4, eval_every=2)
     assert_wrapped_run_matches_plain(config, strategy, "gloo", tmp_path, monkeypatch)
     assert [env.distributed for env in wrapped] == [False, True]
+
+
+def test_ddp_resume_restores_each_ranks_own_dropout_stream(byte_data, tmp_path):
+    """With dropout, each rank draws its own masks; a checkpoint keeps every rank's RNG state, so an interrupted
+    2-process run resumed in 2 processes equals the straight run exactly (restoring rank 0's state on every
+    rank, as nlq 0.1 did, gives both ranks the same masks and another curve)."""
+    common = ["--data", byte_data, *TINY, "--model.dropout=0.2", "--train.decay_steps=6"]
+    assert torchrun("train", "--out", tmp_path / "run", *common, "--train.max_steps=3").returncode == 0
+    result = torchrun("train", "--out", tmp_path / "run", *common, "--train.max_steps=6", "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert torchrun("train", "--out", tmp_path / "straight", *common, "--train.max_steps=6").returncode == 0
+    assert curve(tmp_path / "run") == curve(tmp_path / "straight")

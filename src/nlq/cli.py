@@ -131,15 +131,22 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
 
     if overrides:
         raise UserError(f"nlq sample takes no config overrides (got {' '.join(overrides)})")
-    if args.max_new_tokens < 1 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
-        raise UserError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
+    import math
+
+    if args.max_new_tokens < 1 or (args.top_k is not None and args.top_k < 1):
+        raise UserError("--max-new-tokens and --top-k must be >= 1")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UserError(f"--temperature {args.temperature} must be a finite number >= 0 (0 is greedy)")
+    if args.seed < 0:
+        raise UserError(f"--seed {args.seed} must be >= 0")
     model, config, payload = load_model(args.run)
     if not config.model.causal:
         raise UserError("nlq sample needs a causal (decoder) model; this run is a bidirectional encoder")
     tokenizer = run_tokenizer(payload["path"])
     ids = encode_text(tokenizer, args.prompt, "the prompt")
     generator = torch.Generator().manual_seed(args.seed)
-    out = generate(model, torch.as_tensor(ids)[None], args.max_new_tokens, args.temperature, args.top_k, generator)
+    out = generate(model, torch.as_tensor(ids)[None], args.max_new_tokens, args.temperature, args.top_k, generator,
+                   vocab_limit=tokenizer.vocab_size)  # a padded model vocabulary has ids no tokenizer can print
     print(tokenizer.decode(out[0].tolist()))
 
 
@@ -285,6 +292,15 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"nlq {args.command}: error: this needs the package {e.name}, which is not installed; "
               f"pip install 'nlq[{extra}]' (or 'nlq[all]')", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # the file system said no: a full disk, no permission, read-only
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"nlq {args.command}: error: {e.strerror or e}{where}; free space, fix permissions or choose another "
+              f"path, then run the command again", file=sys.stderr)
+        sys.exit(2)
+    except MemoryError:
+        print(f"nlq {args.command}: error: out of memory; lower train.batch_size, model.block_size or the model size",
+              file=sys.stderr)
         sys.exit(2)
     except UserError as e:
         from nlq.training.trainer import TrainingError

@@ -98,7 +98,9 @@ class ModelConfig:
             f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
             f"pick n_embd a multiple of n_head",
         )
-        _check(self.mlp_ratio > 0, f"model.mlp_ratio={self.mlp_ratio} must be > 0")
+        _check(self.mlp_ratio > 0 and self.mlp_hidden >= 1,
+               f"model.mlp_ratio={self.mlp_ratio} gives an MLP of {self.mlp_hidden} hidden units at n_embd={self.n_embd}; "
+               f"use a ratio of at least {1 / self.n_embd:.3g}")
         _one_of("model", "mlp_activation", self.mlp_activation, MLP_ACTIVATIONS)
         _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _one_of("model", "query", self.query, tuple(PROJECTIONS))
@@ -186,6 +188,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _one_of("train", "objective", self.objective, ("clm", "mlm"))
         _check(0 < self.mask_prob < 1, f"train.mask_prob={self.mask_prob} must be in (0, 1)")
+        _check(0 <= self.seed < 2**63, f"train.seed={self.seed} must be a non-negative integer")
         for name in ("max_steps", "batch_size", "eval_every", "log_every", "keep_checkpoints"):
             value = getattr(self, name)
             _check(value > 0, f"train.{name}={value} must be a positive integer")
@@ -314,8 +317,8 @@ def _convert(key: str, value: Any, annotation: Any) -> Any:
                 except ValueError:
                     pass
     elif annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)  # YAML's .inf and .nan are as wrong as the command line's
         if isinstance(value, str):
             try:
                 number = float(value)

@@ -61,11 +61,13 @@ def encode_text(tokenizer, text: str, what: str) -> np.ndarray:
 
 @torch.no_grad()
 def generate(model: Transformer, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy."""
+             top_k: int | None = None, generator: torch.Generator | None = None,
+             vocab_limit: int | None = None) -> torch.Tensor:
+    """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. vocab_limit: draw only
+    ids below it (the tokenizer's vocabulary when the model's is padded)."""
     for _ in range(max_new_tokens):
         context = idx[:, -model.cfg.block_size:]
-        logits = model(context)[0][:, -1, :]  # (B, V)
+        logits = model(context)[0][:, -1, :vocab_limit]  # (B, V)
         if temperature == 0:
             next_id = logits.argmax(dim=-1, keepdim=True)
         else:

@@ -81,14 +81,14 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
     study_path = study_dir / "study.json"
     if not study_path.is_file():
         raise UserError(f"{study_dir} is not a study directory (no study.json); run nlq study NAME --out {study_dir}")
-    study = json.loads(study_path.read_text())
+    study = read_json(study_path, "the study's description; run nlq study again to rewrite it")
     results = []
     for run in study.get("runs", []):
         run_dir = study_dir / "runs" / run["name"]
         summary_path = run_dir / "summary.json"
         if not summary_path.is_file():
             continue  # not finished yet
-        summary = json.loads(summary_path.read_text())
+        summary = read_json(summary_path, "a run summary; run nlq study again to finish that run")
         if summary.get("val_loss") is None:
             continue
         curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
@@ -100,13 +100,23 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
     return study, results
 
 
+def read_json(path: Path, what: str) -> dict:
+    try:
+        value = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is truncated or not JSON ({type(e).__name__}); it is {what}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} does not hold a JSON object; it is {what}")
+    return value
+
+
 def load_summaries(study_dir: Path, study: dict) -> list[dict]:
     """Each finished run of study.json (its labels) joined with its summary.json; unfinished runs left out."""
     found = {}
     for run in study.get("runs", []):
         path = study_dir / "runs" / run["name"] / "summary.json"
         if path.is_file():
-            summary = json.loads(path.read_text())
+            summary = read_json(path, "a run summary; run nlq study again to finish that run")
             if summary.get("val_loss") is not None:
                 found[run["name"]] = {**summary, **run}
     return list(found.values())

@@ -202,7 +202,12 @@ def get_study(name: str) -> Study:
 def run_finished(run_dir: Path, max_steps: int) -> bool:
     """Trained to max_steps (or beyond: a WSD stable run's earlier segments are finished once a later one is)."""
     summary = run_dir / "summary.json"
-    return summary.is_file() and (json.loads(summary.read_text()).get("final_step") or 0) >= max_steps
+    if not summary.is_file():
+        return False
+    try:
+        return (json.loads(summary.read_text()).get("final_step") or 0) >= max_steps
+    except json.JSONDecodeError:  # cut short by a kill while written: the run is redone from its checkpoint
+        return False
 
 
 def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=print) -> Path:

@@ -200,10 +200,14 @@ def load_data(directory: str | Path, check_ids: bool = True) -> TokenData:
     try:
         meta = json.loads(meta_path.read_text())
         dtype = np.dtype(meta["dtype"])
+        if not isinstance(meta["vocab_size"], int) or isinstance(meta["vocab_size"], bool) or meta["vocab_size"] < 1:
+            raise TypeError(f"vocab_size is {meta['vocab_size']!r}, not a positive integer")
         arrays = {}
         for split in SPLITS:
             path = directory / f"{split}.bin"
             expected = meta["splits"][split]["tokens"]
+            if not isinstance(expected, int) or expected < 1:
+                raise UserError(f"{meta_path} says the {split} split holds {expected!r} tokens; prepare the data again")
             if not path.is_file():
                 raise UserError(f"{path} is missing; prepare the data again")
             size = path.stat().st_size
@@ -211,7 +215,7 @@ def load_data(directory: str | Path, check_ids: bool = True) -> TokenData:
                 raise UserError(f"{path} is truncated or corrupt: {size:,} bytes, meta.json says "
                                 f"{expected:,} tokens of {dtype.name}; prepare the data again")
             arrays[split] = np.memmap(path, dtype=dtype, mode="r")
-    except (KeyError, TypeError, json.JSONDecodeError) as e:
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise UserError(f"{meta_path} is malformed ({type(e).__name__}: {e}); prepare the data again") from None
     data = TokenData(directory, meta, arrays["train"], arrays["val"])
     if check_ids:

@@ -81,6 +81,15 @@ def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return values
 
 
+def gather_objects(value, env: DistEnv) -> list:
+    """Every rank's value, in rank order, on every rank (a collective under torchrun)."""
+    if not env.distributed:
+        return [value]
+    values = [None] * env.world
+    dist.all_gather_object(values, value)
+    return values
+
+
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -83,6 +85,36 @@ def tune_allocator() -> bool:
         return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**30))
     except (OSError, AttributeError):
         return False
+
+
+def memory_estimate(model: ModelConfig, micro_rows: int) -> dict[str, float]:
+    """Rough bytes a training step needs, from the config alone (nothing is allocated): fp32 weights,
+    gradients and AdamW's two moments, and the activations of one micro-batch kept for the backward pass."""
+    d, L, T, V = model.n_embd, model.n_layer, model.block_size, model.vocab_size
+    params = V * d * (1 if model.tie_embeddings else 2) + (T * d if model.position == "learned" else 0)
+    params += L * (4 * d * d + 2 * d * model.mlp_hidden)
+    activations = micro_rows * T * (L * (16 * d + 2 * model.mlp_hidden) + 3 * V)
+    return {"parameters": 16.0 * params, "activations": 4.0 * activations}
+
+
+def available_memory(device: torch.device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_memory(config: RunConfig, micro_rows: int, device: torch.device) -> None:
+    """Refuse, before allocating anything, a step that cannot fit: a one-line error naming what to lower."""
+    need = memory_estimate(config.model, micro_rows)
+    have = available_memory(device)
+    if sum(need.values()) <= have:
+        return
+    m = config.model
+    lower = ("model.n_layer, model.n_embd, model.vocab_size or model.block_size" if need["parameters"] > have / 2
+             else "train.batch_size (the micro-batch), model.block_size or the model size")
+    raise UserError(f"this run needs about {sum(need.values()) / 2**30:,.1f} GiB ({need['parameters'] / 2**30:,.1f} for "
+                    f"weights and optimizer state, {need['activations'] / 2**30:,.1f} for activations of {micro_rows} x "
+                    f"{m.block_size} tokens) and {device} has {have / 2**30:,.1f} GiB; lower {lower}")
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device, sharded: bool):
@@ -212,12 +244,20 @@ def tokenizer_files(data: TokenData) -> dict:
     return {"data_meta": json.dumps(data.meta), "files": files}
 
 
-def _restore_rng(payload: dict, device: torch.device) -> None:
-    rng = payload.get("rng") or {}
+def _restore_rng(payload: dict, env: DistEnv, seed: int) -> None:
+    """Each rank gets back its own RNG state (dropout masks differ per rank and continue exactly). When the
+    world size changed, no saved state belongs to a rank: each rank is then seeded from (seed, step, rank),
+    so ranks still differ, deterministically, though the stream differs from the uninterrupted run's."""
+    states = payload.get("rng_ranks") or [payload.get("rng") or {}]  # nlq 0.1 saved rank 0's only
+    if len(states) != env.world:
+        torch.manual_seed(int.from_bytes(hashlib.blake2b(f"{seed}/{payload['step']}/{env.rank}".encode(),
+                                                         digest_size=8).digest(), "little") >> 1)
+        return
+    rng = states[env.rank]
     if "cpu" in rng:
         torch.set_rng_state(rng["cpu"])
-    if "cuda" in rng and device.type == "cuda":
-        torch.cuda.set_rng_state(rng["cuda"], device)
+    if "cuda" in rng and env.device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], env.device)
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -253,6 +293,7 @@ class Trainer:
         self.data = load_data(cfg.data.dir)
         check_vocab(self.data, cfg.model, tcfg.objective)  # before any compute
         self.spec = batch_spec(tcfg, cfg.model.block_size, env.world)
+        check_memory(cfg, self.spec.micro_rows, env.device)
         self.payload = self._existing_checkpoint(resume)
         self.start_step = self.payload["step"] if self.payload else 0
         distributed.barrier(env)  # every rank has looked at the run directory before rank 0 writes to it
@@ -277,8 +318,12 @@ class Trainer:
             if "optimizer" not in self.payload:
                 raise UserError(f"{self.payload['path']} holds weights only (no optimizer state) and cannot be resumed; "
                                 f"start a new run from it with --train.init_from={self.payload['path']}")
-            ckpt.load_full_state(self.model, self.optimizer, self.payload["model"], self.payload["optimizer"])
-            _restore_rng(self.payload, env.device)
+            try:
+                ckpt.load_full_state(self.model, self.optimizer, self.payload["model"], self.payload["optimizer"])
+            except (RuntimeError, KeyError, ValueError) as e:
+                raise UserError(f"cannot resume from {self.payload['path']}: its weights do not fit the model its "
+                                f"config describes ({str(e).splitlines()[0][:200]})") from None
+            _restore_rng(self.payload, env, tcfg.seed)
         if tcfg.compile:
             self.train_model = torch.compile(self.train_model)
         self.dtype = autocast_dtype(tcfg, env.device)
@@ -292,7 +337,7 @@ class Trainer:
         """The state to start from: this run's latest checkpoint on --resume, else train.resume_from (a
         checkpoint of another run: a branch, e.g. a WSD cooldown from a stable run), else None."""
         latest = ckpt.latest_checkpoint(self.run_dir)
-        if not resume and (latest is not None or (self.run_dir / "metrics.jsonl").exists()):
+        if not resume and (latest is not None or read_metrics(self.run_dir / "metrics.jsonl")):  # an empty start is no run
             raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")
         if resume and latest is not None:
             return self._compatible(ckpt.load_checkpoint(latest))
@@ -417,10 +462,11 @@ class Trainer:
 
     def _save(self, step: int) -> str:
         model_state, optim_state = ckpt.full_state(self.model, self.optimizer)  # collective under FSDP
+        rng_ranks = distributed.gather_objects(_rng_state(self.env.device), self.env)  # collective too
         path = ckpt.checkpoint_dir(self.run_dir) / f"step_{step:07d}.pt"
         if self.env.is_main:
-            payload = {"model": model_state, "optimizer": optim_state, "step": step,
-                       "rng": _rng_state(self.env.device), "config": self.config.to_dict(),
+            payload = {"model": model_state, "optimizer": optim_state, "step": step, "rng": rng_ranks[0],
+                       "rng_ranks": rng_ranks, "config": self.config.to_dict(),
                        "tokenizer": self.tokenizer_files}  # a copied checkpoint file still knows its tokenizer
             path = ckpt.save_checkpoint(self.run_dir, step, payload, self.config.train.keep_checkpoints)
             if step == self.config.train.max_steps:
