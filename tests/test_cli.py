@@ -38,5 +38,10 @@ def test_bad_input_is_one_line_error(capsys, argv, needle):
 
 
 def test_console_entry_point_runs():
-    result = subprocess.run([sys.executable, "-m", "nlq", "info", "nano", "--model.n_head=3"], capture_output=True, text=True)
+    """The `nlq` script pip installed beside this interpreter (not python -m nlq)."""
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "nlq"
+    assert script.is_file(), f"no console script at {script}; pip install -e . creates it"
+    result = subprocess.run([str(script), "info", "nano", "--model.n_head=3"], capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip().startswith("nlq info: error: model.n_embd=64")

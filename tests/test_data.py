@@ -100,10 +100,27 @@ def test_shakespeare_source_is_offline_and_large():
 
 
 def test_python_stdlib_source_skips_tests():
+    """Every document is a non-test file of the standard library, and no test file's text is among them."""
+    import hashlib
+    import sysconfig
+    from pathlib import Path
+
+    from nlq.data.sources import _is_test_path
+
     source = get_source("python-stdlib")
     assert source.meta["python_version"] == sys.version.split()[0]
-    first = next(iter(source.documents()))
-    assert isinstance(first, str) and first
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(root.rglob("*.py"))
+    tests = [f for f in files if _is_test_path(f.relative_to(root))]
+    kept = [f for f in files if not _is_test_path(f.relative_to(root))]
+    assert len(tests) > 10 and any(f.name.startswith("test_") for f in tests)  # there are tests to skip
+    digest = lambda text: hashlib.blake2b(text.encode(errors="replace")).digest()  # noqa: E731
+    documents = [digest(d) for d in source.documents()]
+    assert len(documents) == len(kept)
+    kept_texts = {digest(f.read_bytes().decode("utf-8", errors="replace")) for f in kept}
+    leaked = [f for f in tests if (h := digest(f.read_bytes().decode("utf-8", errors="replace"))) in set(documents)
+              and h not in kept_texts]
+    assert not leaked, leaked[:3]
 
 
 def test_prepare_writes_shards_and_meta(bpe_dir):

@@ -1,5 +1,6 @@
 """Data-parallel (DDP) and sharded (FSDP2) training on CPU with the gloo backend, 2 processes under torchrun."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -62,31 +63,43 @@ def test_checkpoint_from_two_processes_resumes_in_one(byte_data, tmp_path, strat
     assert_same_curve(curve(tmp_path / "run"), curve(tmp_path / "straight"))
 
 
-DYING_RANK = textwrap.dedent("""
-    import os, sys
+HANGING_RANK = textwrap.dedent("""
+    import sys, time
     from nlq.training import trainer
 
     update = trainer.Trainer._update
-    def dying(self, step, done, last_ckpt):
+    def hanging(self, step, done, last_ckpt):
         if self.env.rank == 1 and step == 2:
-            os._exit(3)  # a crash: no cleanup, no goodbye to the process group
+            time.sleep(600)  # alive but stuck: only the collective timeout can free rank 0
         return update(self, step, done, last_ckpt)
-    trainer.Trainer._update = dying
-
+    trainer.Trainer._update = hanging
     from nlq.cli import main
     main(sys.argv[1:])
 """)
 
 
-def test_a_dead_rank_makes_the_others_exit(byte_data, tmp_path):
-    script = tmp_path / "dying.py"
-    script.write_text(DYING_RANK)
-    started = time.perf_counter()
-    result = torchrun("train", "--data", byte_data, "--out", tmp_path / "run", *TINY, "--train.max_steps=50",
-                      "--dist.timeout_s=30", script=script, timeout=170)
-    assert result.returncode != 0
-    assert time.perf_counter() - started < 150  # well before the subprocess timeout: nobody hung
-    assert len(curve(tmp_path / "run")) < 50
+def test_a_stuck_rank_makes_the_others_fail_after_dist_timeout(byte_data, tmp_path):
+    """Two ranks started by hand (no torchrun agent to tear them down): rank 1 hangs, and rank 0 must fail on
+    its own once a collective has waited dist.timeout_s, with a message that says so."""
+    from conftest import free_port
+
+    script = tmp_path / "hanging.py"
+    script.write_text(HANGING_RANK)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    args = [sys.executable, str(script), "train", "--data", str(byte_data), "--out", str(tmp_path / "run"), *TINY,
+            "--train.max_steps=50", "--dist.timeout_s=10"]
+    ranks = [subprocess.Popen(args, env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        started = time.perf_counter()
+        _, stderr = ranks[0].communicate(timeout=120)
+        waited = time.perf_counter() - started
+    finally:
+        for process in ranks:
+            process.kill()
+    assert ranks[0].returncode != 0
+    assert waited < 100  # it did not hang until the test's own timeout
+    assert "dist.timeout_s=10" in stderr and "Traceback" not in stderr
 
 
 def test_study_runs_each_run_under_torchrun(byte_data, tmp_path):

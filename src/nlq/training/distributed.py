@@ -90,6 +90,13 @@ def gather_objects(value, env: DistEnv) -> list:
     return values
 
 
+def is_collective_failure(error: BaseException) -> bool:
+    """Whether an error comes from a collective whose peer died or hung (backend error or timeout)."""
+    text = str(error).lower()
+    return isinstance(error, dist.DistError) or any(s in text for s in ("timed out", "timeout", "connection closed",
+                                                                        "connection reset", "broken pipe"))
+
+
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()

@@ -280,6 +280,12 @@ def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: b
                 for folder, pattern in ((run_dir / "checkpoints", ".step_*.tmp-*"), (run_dir, ".*.tmp-*"), (run_dir, "*.tmp")):
                     remove_stale(folder, pattern)
             return Trainer(config, run_dir, env, resume, quiet).run()
+    except RuntimeError as e:  # a peer died or hung: the collective failed, or timed out after dist.timeout_s
+        if not (env.distributed and distributed.is_collective_failure(e)):
+            raise
+        raise TrainingError(f"rank {env.rank}: a collective operation failed ({str(e).splitlines()[0][:160]}); another "
+                            f"process died or stopped answering (dist.timeout_s={config.dist.timeout_s}); resume from "
+                            f"the last checkpoint once all processes are healthy") from None
     finally:
         distributed.shutdown(env)
 

@@ -1,0 +1,275 @@
+"""What must hold whatever the user types or the machine does: every bad input is a one-line error with exit
+status 2 (never a traceback), and faults (flipped bytes, a second writer, a full disk, kill -9) lose nothing
+and leave nothing half-written behind. docs/RELIABILITY.md lists these guarantees."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+import torch
+
+from nlq.cli import main
+
+SMALL = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
+         "--model.n_head=2", "--train.batch_size=4", "--data.eval_windows=4", "--train.eval_every=2",
+         "--train.warmup_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(byte_data, tmp_path_factory):
+    """A finished 4-step run with checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("reliability") / "run"
+    main(["train", "--data", str(byte_data), "--out", str(out), "--preset", "nano", *SMALL, "--train.max_steps=4",
+          "--train.checkpoint_every=2"])
+    return out
+
+
+def one_line_error(capsys, argv, needle):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert needle in err, err
+    return err
+
+
+def copy_run(run_dir, tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(run_dir, target)
+    return target
+
+
+# ---- bad inputs: (what, argv builder, expected words) --------------------------------------------------------
+
+BAD_INPUTS = [
+    ("negative seed", lambda d, r, t: ["train", "--data", d, "--out", t / "x", "--preset", "nano", "--train.seed=-1"],
+     "train.seed=-1 must be a non-negative integer"),
+    ("batch that cannot be allocated", lambda d, r, t: ["train", "--data", d, "--out", t / "x", "--preset", "nano",
+                                                        "--train.batch_size=1e8"], "lower train.batch_size"),
+    ("context that cannot be allocated", lambda d, r, t: ["train", "--data", d, "--out", t / "x", "--preset", "nano",
+                                                          "--model.block_size=1e8"], "GiB"),
+    ("a million layers", lambda d, r, t: ["train", "--data", d, "--out", t / "x", "--preset", "nano",
+                                          "--model.n_layer=1e6"], "lower model.n_layer"),
+    ("zero-width MLP", lambda d, r, t: ["info", "nano", "--model.mlp_ratio=0.001"], "0 hidden units"),
+    ("unknown key", lambda d, r, t: ["info", "nano", "--model.widht=3"], "unknown config key model.widht"),
+    ("wrong type", lambda d, r, t: ["info", "nano", "--model.n_layer=two"], "model.n_layer='two' is not a valid int"),
+    ("infinite lr on the command line", lambda d, r, t: ["info", "nano", "--train.lr=inf"], "train.lr='inf'"),
+    ("infinite lr in YAML", lambda d, r, t: ["info", "nano", "--config", yaml_file(t, "train:\n  lr: .inf\n")],
+     "train.lr=inf is not a valid float"),
+    ("missing config file", lambda d, r, t: ["info", "nano", "--config", t / "nope.yaml"], "does not exist"),
+    ("temperature nan", lambda d, r, t: ["sample", r, "--prompt", "a", "--temperature", "nan"], "--temperature nan"),
+    ("temperature inf", lambda d, r, t: ["sample", r, "--prompt", "a", "--temperature", "inf"], "--temperature inf"),
+    ("negative temperature", lambda d, r, t: ["sample", r, "--prompt", "a", "--temperature", "-1"], "finite number >= 0"),
+    ("negative sampling seed", lambda d, r, t: ["sample", r, "--prompt", "a", "--seed", "-3"], "--seed -3"),
+    ("prepare onto a file", lambda d, r, t: ["prepare", "--source", "shakespeare", "--tokenizer", "byte", "--out",
+                                             touch(t / "afile"), "--overwrite"], "is a file"),
+    ("vocab_size as a string", lambda d, r, t: ["train", "--data", edited_data(d, t, vocab_size="257"), "--out",
+                                                t / "x", "--preset", "nano", *SMALL], "not a positive integer"),
+    ("an empty val split", lambda d, r, t: ["train", "--data", edited_data(d, t, val_tokens=0), "--out", t / "x",
+                                            "--preset", "nano", *SMALL], "val split holds 0 tokens"),
+    ("truncated study.json", lambda d, r, t: ["report", study_with(t, study="{\"runs\": [")], "truncated or not JSON"),
+    ("truncated summary.json", lambda d, r, t: ["report", study_with(t, summary="{\"val_loss\": 4.")],
+     "truncated or not JSON"),
+    ("eval of a missing checkpoint", lambda d, r, t: ["eval", t / "nothing.pt"], "does not exist"),
+    ("export into a non-empty directory", lambda d, r, t: ["export", r, "--to", "hf", touch(t / "full" / "f").parent],
+     "not empty"),
+    ("resume a run that is not there, with a config lacking data", lambda d, r, t: ["train", "--out", t / "new",
+                                                                                    "--resume"], "no data directory"),
+]
+
+
+def yaml_file(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def touch(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("x")
+    return path
+
+
+def edited_data(data, tmp_path, vocab_size=None, val_tokens=None):
+    target = tmp_path / "data"
+    shutil.copytree(data, target)
+    meta = json.loads((target / "meta.json").read_text())
+    if vocab_size is not None:
+        meta["vocab_size"] = vocab_size
+    if val_tokens is not None:
+        meta["splits"]["val"]["tokens"] = val_tokens
+        (target / "val.bin").write_bytes(b"")
+    (target / "meta.json").write_text(json.dumps(meta))
+    return target
+
+
+def study_with(tmp_path, study=None, summary=None):
+    folder = tmp_path / "study"
+    (folder / "runs" / "a").mkdir(parents=True)
+    (folder / "study.json").write_text(study or json.dumps({"runs": [{"name": "a", "variant": "linear", "seed": 1,
+                                                                      "lr": 1e-3}], "baseline": "linear"}))
+    (folder / "runs" / "a" / "summary.json").write_text(summary or "{}")
+    return folder
+
+
+@pytest.mark.parametrize("what,argv,needle", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_a_one_line_error(what, argv, needle, byte_data, run_dir, tmp_path, capsys):
+    one_line_error(capsys, argv(byte_data, run_dir, tmp_path), needle)
+
+
+# ---- checkpoints: integrity -----------------------------------------------------------------------------------
+
+def flip_a_tensor_byte(path):
+    """Flip one byte inside the largest tensor's data record of a torch zip checkpoint."""
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        offset = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_flipped_byte_is_caught_on_load_and_names_the_other_checkpoints(run_dir, tmp_path, capsys):
+    run = copy_run(run_dir, tmp_path)
+    flip_a_tensor_byte(run / "checkpoints" / "step_0000004.pt")
+    err = one_line_error(capsys, ["eval", run], "is corrupt")
+    assert "step_0000002.pt" in err
+    one_line_error(capsys, ["train", "--out", run, "--resume", "--train.max_steps=6"], "is corrupt")
+
+
+def test_a_checkpoint_whose_name_and_step_disagree_is_refused(run_dir, tmp_path, capsys):
+    run = copy_run(run_dir, tmp_path)
+    (run / "checkpoints" / "step_0000004.pt").rename(run / "checkpoints" / "step_0000009.pt")
+    one_line_error(capsys, ["train", "--out", run, "--resume", "--train.max_steps=12"], "holds step 4")
+    assert (run / "checkpoints" / "step_0000002.pt").is_file()  # nothing was rotated away
+
+
+def test_resume_from_weights_that_do_not_fit_the_stored_config(run_dir, tmp_path, capsys):
+    from nlq.training.checkpoint import load_checkpoint, save_checkpoint
+
+    run = copy_run(run_dir, tmp_path)
+    payload = load_checkpoint(run / "checkpoints" / "step_0000004.pt")
+    payload["model"]["blocks.0.mlp.up.weight"] = torch.zeros(7, 3)  # consistent checksum, wrong shape
+    del payload["path"], payload["checksum"]
+    (run / "checkpoints" / "step_0000004.pt").unlink()
+    save_checkpoint(run, 4, payload, keep=5)
+    one_line_error(capsys, ["train", "--out", run, "--resume", "--train.max_steps=6"], "do not fit the model")
+
+
+# ---- ownership --------------------------------------------------------------------------------------------------
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_run(run_dir, tmp_path, capsys):
+    from nlq.lock import DirectoryLock
+
+    run = copy_run(run_dir, tmp_path)
+    with DirectoryLock(run.parent / f".{run.name}.lock", "the test"):  # as a running nlq train holds it
+        one_line_error(capsys, ["train", "--out", run, "--resume", "--train.max_steps=6"], "in use by another nlq process")
+    main(["train", "--out", str(run), "--resume", "--train.max_steps=6"])  # free again: it continues
+    assert json.loads((run / "summary.json").read_text())["final_step"] == 6
+
+
+def test_a_second_prepare_of_the_same_dataset_is_refused(byte_data, tmp_path, capsys):
+    from nlq.lock import DirectoryLock
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("hello world\n" * 50)
+    with DirectoryLock(tmp_path / ".data.lock", "the test"):
+        one_line_error(capsys, ["prepare", "--source", docs, "--tokenizer", "byte", "--out", tmp_path / "data"],
+                       "in use by another nlq process")
+
+
+# ---- a full disk ------------------------------------------------------------------------------------------------
+
+def test_a_full_disk_while_checkpointing_is_a_one_line_error_and_loses_nothing(run_dir, tmp_path, capsys, monkeypatch):
+    """torch's zip writer raises RuntimeError on ENOSPC; the half-written temporary file goes, and the
+    earlier checkpoints stay (injected: no small tmpfs can be mounted here without privileges)."""
+    run = copy_run(run_dir, tmp_path)
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file "
+                           "data/3: file write failed")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    one_line_error(capsys, ["train", "--out", run, "--resume", "--train.max_steps=6"], "cannot write checkpoint")
+    monkeypatch.setattr(torch, "save", real_save)
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["step_0000002.pt", "step_0000004.pt"]  # no temporary left, nothing lost
+
+
+def test_an_unwritable_output_is_a_one_line_error(byte_data, tmp_path, capsys, monkeypatch):
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "data"))
+
+    monkeypatch.setattr("tempfile.mkdtemp", no_space)
+    one_line_error(capsys, ["prepare", "--source", "shakespeare", "--tokenizer", "byte", "--out", tmp_path / "data"],
+                   "No space left on device")
+
+
+# ---- kill -9 ------------------------------------------------------------------------------------------------------
+
+KILL_DURING_SAVE = """
+import os, signal, sys, torch
+real = torch.save
+def dying(obj, f, *a, **k):
+    if obj["step"] == {step}:
+        f.write(b"half a checkpoint")
+        f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(obj, f, *a, **k)
+torch.save = dying
+from nlq.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("step", [2, 4])
+def test_kill_9_during_a_checkpoint_write_loses_nothing_and_leaves_no_temp(byte_data, tmp_path, step):
+    script = tmp_path / "die.py"
+    script.write_text(KILL_DURING_SAVE.replace("{step}", str(step)))
+    args = ["train", "--data", str(byte_data), "--out", str(tmp_path / "run"), "--preset", "nano", *SMALL,
+            "--train.max_steps=6", "--train.checkpoint_every=2", "--train.keep_checkpoints=5"]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    assert result.returncode == -signal.SIGKILL
+    assert list((tmp_path / "run" / "checkpoints").glob(".step_*.tmp-*"))  # the half-written file is there
+    main([*args, "--resume"])
+    assert not list((tmp_path / "run" / "checkpoints").glob(".*"))  # and gone after the next start
+    main(["train", "--data", str(byte_data), "--out", str(tmp_path / "straight"), "--preset", "nano", *SMALL,
+          "--train.max_steps=6", "--train.checkpoint_every=2"])
+    from nlq.training.logging import read_metrics
+
+    curve = lambda d: [(r["step"], r["train_loss"]) for r in read_metrics(d / "metrics.jsonl") if "train_loss" in r]  # noqa: E731
+    assert curve(tmp_path / "run") == curve(tmp_path / "straight")  # bitwise: the resume redid the lost steps
+
+
+def test_kill_9_during_prepare_leaves_nothing_and_the_next_prepare_cleans_up(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(400):
+        (docs / f"{i}.txt").write_text(f"document {i}: " + "the quick brown fox jumps over the lazy dog. " * 400)
+    args = [sys.executable, "-m", "nlq", "prepare", "--source", str(docs), "--tokenizer", "bpe:4000", "--out",
+            str(tmp_path / "data")]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(tmp_path.glob(".data.tmp-*")):  # wait until it writes
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "data").exists()  # nothing half-written under the real name
+    leftovers = list(tmp_path.glob(".data.tmp-*"))
+    assert leftovers
+    assert subprocess.run(args, capture_output=True).returncode == 0
+    assert not list(tmp_path.glob(".data.tmp-*")) and (tmp_path / "data" / "meta.json").is_file()
