@@ -45,3 +45,20 @@ def test_console_entry_point_runs():
     assert script.is_file(), f"no console script at {script}; pip install -e . creates it"
     result = subprocess.run([str(script), "info", "nano", "--model.n_head=3"], capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip().startswith("nlq info: error: model.n_embd=64")
+
+
+def test_train_help_lists_every_config_field_with_default_and_choices():
+    import dataclasses
+
+    from nlq.config import RunConfig
+
+    def leaves(obj, prefix):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            yield from leaves(value, f"{prefix}.{f.name}") if dataclasses.is_dataclass(value) else [f"{prefix}.{f.name}"]
+
+    expected = [key for section in ("model", "data", "train", "dist") for key in leaves(getattr(RunConfig(), section), section)]
+    out = subprocess.run([sys.executable, "-m", "nlq", "train", "--help"], capture_output=True, text=True).stdout
+    listed = [line.split("=")[0].strip()[2:] for line in out.splitlines() if line.startswith("  --") and "." in line.split("=")[0]]
+    assert listed == expected
+    assert "--model.query=STR  (default 'linear'; choices: linear, identity, residual, nonlinear)" in out

@@ -199,6 +199,23 @@ def cmd_import_checkpoint(args: argparse.Namespace, overrides: list[str]) -> Non
     print(import_run(args.checkpoint, args.out))
 
 
+class FieldsHelp(argparse.Action):
+    """-h for commands that take config overrides: the usual help, then every field with its type, default
+    and choices (built only when asked, so plain `nlq --help` imports nothing heavy)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from nlq.config import describe_fields
+
+        parser.print_help()
+        print("\nconfig fields (override as --section.field=value; layered: preset or the resumed run's config, "
+              "then --config FILE, then these):")
+        print("\n".join(describe_fields()))
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nlq", description="Train and compare transformers with linear, identity or nonlinear query projections.",
@@ -224,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--doc-separator", default=None, help="split .txt/.md files into documents at this string")
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("train", help="train one run (also under torchrun)")
+    p = sub.add_parser("train", help="train one run (also under torchrun)", add_help=False)
+    p.add_argument("-h", "--help", action=FieldsHelp, help="show this help and every config field, then exit")
     p.add_argument("--data", help="prepared data directory (nlq prepare)")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--preset", help="named size: gpt3-small, nano, micro, mini, small")

@@ -285,6 +285,40 @@ def read_config_file(path: str | Path) -> dict:
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
+def field_choices() -> dict[str, tuple]:
+    """The fixed choices of fields that have them, for help texts."""
+    from nlq.projections import PROJECTIONS
+
+    names = tuple(PROJECTIONS)
+    return {"model.query": names, "model.projections.q": names, "model.projections.k": names,
+            "model.projections.v": names, "model.projections.o": names, "model.query_activation": ACTIVATIONS,
+            "model.mlp_activation": MLP_ACTIVATIONS, "model.attn_impl": ATTN_IMPLS, "model.position": POSITIONS,
+            "data.batch_mode": ("random", "epoch"), "train.dtype": ("auto", "float32", "bfloat16"),
+            "train.objective": ("clm", "mlm"), "train.schedule": ("cosine", "wsd"), "dist.strategy": ("ddp", "fsdp"),
+            "dist.backend": ("auto", "gloo", "nccl")}
+
+
+def describe_fields(config: RunConfig | None = None) -> list[str]:
+    """One line per config field: --section.field=TYPE, its default (or the given config's value), choices."""
+    config = config or RunConfig()
+    choices, lines = field_choices(), []
+
+    def visit(obj, prefix: str) -> None:
+        hints = _field_types(type(obj))
+        for f in dataclasses.fields(obj):
+            key, value = f"{prefix}.{f.name}", getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                visit(value, key)
+                continue
+            kind = " | ".join(a.__name__ for a in typing.get_args(hints[f.name])) or hints[f.name].__name__
+            extra = f"; choices: {', '.join(map(str, choices[key]))}" if key in choices else ""
+            lines.append(f"  --{key}={kind.upper().replace('NONETYPE', 'none')}  (default {value!r}{extra})")
+
+    for section in SECTIONS:
+        visit(getattr(config, section), section)
+    return lines
+
+
 def _field_types(section_cls: type) -> dict[str, Any]:
     return typing.get_type_hints(section_cls)
 
