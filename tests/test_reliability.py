@@ -273,3 +273,22 @@ def test_kill_9_during_prepare_leaves_nothing_and_the_next_prepare_cleans_up(tmp
     assert leftovers
     assert subprocess.run(args, capture_output=True).returncode == 0
     assert not list(tmp_path.glob(".data.tmp-*")) and (tmp_path / "data" / "meta.json").is_file()
+
+
+def test_sampling_draws_only_ids_the_tokenizer_has():
+    """A model whose vocabulary is padded (320) past its byte tokenizer's (257) must not draw the padding ids,
+    which the tokenizer would drop silently."""
+    from conftest import tiny_model_config
+
+    from nlq.generate import generate
+    from nlq.model import Transformer
+
+    model = Transformer(tiny_model_config(vocab_size=320, block_size=16)).eval()
+    with torch.no_grad():
+        model.lm_head.weight[257:] += 5.0  # make the padding ids the most likely ones
+    out = generate(model, torch.zeros(4, 1, dtype=torch.long), 30, temperature=2.0, top_k=None,
+                   generator=torch.Generator().manual_seed(0), vocab_limit=257)
+    assert int(out.max()) < 257
+    unrestricted = generate(model, torch.zeros(4, 1, dtype=torch.long), 30, temperature=2.0,
+                            generator=torch.Generator().manual_seed(0))
+    assert int(unrestricted.max()) >= 257  # the test would notice a missing limit
