@@ -147,9 +147,14 @@ class DataConfig:
     batch_mode: str = "random"  # "random": windows with replacement (the paper); "epoch": shuffled, non-overlapping
     eval_windows: int = 64  # size of the fixed eval set, in context windows
     eval_seed: int = 2357  # the eval windows depend on this alone, so every run sees the same ones
+    # A synthetic task generated on the fly instead of token shards (data/tasks.py): mqar, lookup, selective-copy
+    task: str = ""
+    task_vocab: int = 64  # keys and values each (mqar, lookup: a square), or data tokens (selective-copy)
+    task_pairs: int = 8  # stored key-value pairs, or tokens to copy
 
     def __post_init__(self) -> None:
         _one_of("data", "batch_mode", self.batch_mode, ("random", "epoch"))
+        _one_of("data", "task", self.task, ("", "mqar", "lookup", "selective-copy"))
         _check(self.eval_windows > 0, f"data.eval_windows={self.eval_windows} must be > 0")
 
 
@@ -293,7 +298,8 @@ def field_choices() -> dict[str, tuple]:
     return {"model.query": names, "model.projections.q": names, "model.projections.k": names,
             "model.projections.v": names, "model.projections.o": names, "model.query_activation": ACTIVATIONS,
             "model.mlp_activation": MLP_ACTIVATIONS, "model.attn_impl": ATTN_IMPLS, "model.position": POSITIONS,
-            "data.batch_mode": ("random", "epoch"), "train.dtype": ("auto", "float32", "bfloat16"),
+            "data.batch_mode": ("random", "epoch"), "data.task": ("", "mqar", "lookup", "selective-copy"),
+            "train.dtype": ("auto", "float32", "bfloat16"),
             "train.objective": ("clm", "mlm"), "train.schedule": ("cosine", "wsd"), "dist.strategy": ("ddp", "fsdp"),
             "dist.backend": ("auto", "gloo", "nccl")}
 

@@ -140,6 +140,10 @@ def build_report(study_dir: str | Path) -> str:
         from nlq.scaling import build_scaling_report
 
         return build_scaling_report(study_dir, study)
+    if study.get("report") == "probes":
+        from nlq.probes import build_probes_report
+
+        return build_probes_report(study_dir, study)
     baseline = study["baseline"]
     order = [v["name"] for v in study["variants"]]
     lrs = best_lr(results)
@@ -220,6 +224,16 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
         lines.append("Three width points span little range; read the extrapolated values as rough.")
     lines += ["", "Plots: `val_curves.png` (mean over seeds, band = min..max), `loss_vs_params.png`.", ""]
     return "\n".join(lines)
+
+
+def write_runs_csv(path: Path, runs: list[dict], keys: list[str]) -> None:
+    """One row per run (a dict of its labels and summary), the given columns."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(keys)
+    for r in runs:
+        writer.writerow([r.get(k) for k in keys])
+    _atomic_write(path, buffer.getvalue())
 
 
 def _write_csv(path: Path, results: list[RunResult]) -> None:

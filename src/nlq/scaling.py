@@ -170,7 +170,7 @@ def planned_tokens() -> int:
 def build_scaling_report(study_dir: Path, study: dict) -> str:
     """report.md (lr sweep; per width and budget the paired Δ val loss of each variant vs linear),
     results.csv and scaling_delta.png (Δ against tokens per parameter, a line per width and variant, 95% band)."""
-    from nlq.report import _atomic_write, load_summaries, paired_difference
+    from nlq.report import _atomic_write, load_summaries, paired_difference, write_runs_csv
 
     runs = load_summaries(study_dir, study)
     sweep = [r for r in runs if r["stage"] == "lr-sweep"]
@@ -206,7 +206,8 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
                              f"{p['n']} | {p['mean']:+.4f} | {interval} | {p['verdict']} |")
     lines += ["", "Plot: `scaling_delta.png` (mean Δ with its 95% interval band against tokens per parameter).", ""]
     _plot_deltas(study_dir / "scaling_delta.png", deltas)
-    _write_runs_csv(study_dir / "results.csv", runs)
+    write_runs_csv(study_dir / "results.csv", runs, ["name", "stage", "width", "tpp", "variant", "lr", "seed", "tokens",
+                                                      "non_embedding_parameters", "val_loss"])
     markdown = "\n".join(lines)
     _atomic_write(study_dir / "report.md", markdown)
     return markdown
@@ -263,18 +264,3 @@ def _plot_deltas(path: Path, deltas: dict) -> None:
     if deltas:
         ax.legend(fontsize=8)
     _save_figure(fig, path)
-
-
-def _write_runs_csv(path: Path, runs: list[dict]) -> None:
-    import csv
-    import io
-
-    from nlq.report import _atomic_write
-
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    keys = ["name", "stage", "width", "tpp", "variant", "lr", "seed", "tokens", "non_embedding_parameters", "val_loss"]
-    writer.writerow(keys)
-    for r in runs:
-        writer.writerow([r.get(k) for k in keys])
-    _atomic_write(path, buffer.getvalue())

@@ -91,7 +91,7 @@ class Run:
         train = {"seed": self.seed}
         if self.lr is not None:
             train.update(lr=self.lr, min_lr=self.lr * self.study.min_lr_ratio)
-        config = update(config, {"train": train, "data": {"dir": str(Path(data_dir).resolve())}})
+        config = update(config, {"train": train, "data": {"dir": str(Path(data_dir).resolve()) if data_dir else ""}})
         return apply_overrides(update(config, self.changes), overrides)
 
 
@@ -188,7 +188,14 @@ def scaling() -> Study:
     return scaling()
 
 
-STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper, "encoder": encoder, "kvo": kvo, "scaling": scaling}
+def probes() -> Study:
+    from nlq.probes import probes
+
+    return probes()
+
+
+STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper, "encoder": encoder, "kvo": kvo, "scaling": scaling,
+           "probes": probes}
 
 
 def get_study(name: str) -> Study:
@@ -210,9 +217,11 @@ def run_finished(run_dir: Path, max_steps: int) -> bool:
         return False
 
 
-def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=print) -> Path:
+def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=print) -> Path | None:
     if data_dir:
         return Path(data_dir)
+    if study.data.source == "task":  # synthetic tasks are generated on the fly: nothing to prepare
+        return None
     from nlq.data.shards import prepare
 
     out = study_dir / "data"
@@ -232,8 +241,8 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
         recorded += [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
                      for r, c in zip(stage, configs)]
-        described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()),
-                                        "data_meta": _data_meta(data), "runs": recorded}
+        described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
+                                        "data_meta": _data_meta(data) if data else None, "runs": recorded}
         _write_json(study_dir / "study.json", described)
         done_dirs += _run_stage(stage, configs, study_dir, log)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")

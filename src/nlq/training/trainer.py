@@ -294,10 +294,20 @@ class Trainer:
     def __init__(self, config: RunConfig, run_dir: Path, env: DistEnv, resume: bool, quiet: bool):
         self.config, self.run_dir, self.env, self.quiet = config, run_dir, env, quiet
         cfg, tcfg = config, config.train
-        if not cfg.data.dir:
+        self.data, self.task = None, None
+        if cfg.data.task:  # a synthetic task generated on the fly (data/tasks.py); its table comes from eval_seed
+            from nlq.data.tasks import Task
+
+            self.task = Task(cfg.data.task, cfg.data.task_vocab, cfg.data.task_pairs, cfg.model.block_size,
+                             cfg.data.eval_seed)
+            if self.task.vocab_size > cfg.model.vocab_size:
+                raise UserError(f"task {self.task.name} uses {self.task.vocab_size} token ids, more than "
+                                f"model.vocab_size={cfg.model.vocab_size}; set --model.vocab_size={self.task.vocab_size}")
+        elif not cfg.data.dir:
             raise UserError("no data directory: pass --data DATA_DIR (made by nlq prepare)")
-        self.data = load_data(cfg.data.dir)
-        check_vocab(self.data, cfg.model, tcfg.objective)  # before any compute
+        else:
+            self.data = load_data(cfg.data.dir)
+            check_vocab(self.data, cfg.model, tcfg.objective)  # before any compute
         self.spec = batch_spec(tcfg, cfg.model.block_size, env.world)
         check_memory(cfg, self.spec.micro_rows, env.device)
         self.payload = self._existing_checkpoint(resume)
@@ -306,13 +316,14 @@ class Trainer:
         if env.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / "config.json")  # the resolved config, before step 0
-            copy_data_files(self.data, run_dir)
+            if self.data is not None:
+                copy_data_files(self.data, run_dir)
             self._start_metrics()
         distributed.barrier(env)
 
         torch.manual_seed(tcfg.seed + env.rank)  # dropout: independent masks on each rank
         self.model = Transformer(cfg.model, seed=tcfg.seed)  # the bare model: checkpoints are taken from it
-        self.fresh = None
+        self.fresh, self.train_acc = None, None
         if tcfg.init_from and not self.payload:  # weights trained elsewhere, a fresh optimizer at step 0
             from nlq.interop.load import load_initial_weights
 
@@ -333,10 +344,17 @@ class Trainer:
         if tcfg.compile:
             self.train_model = torch.compile(self.train_model)
         self.dtype = autocast_dtype(tcfg, env.device)
-        self.plan = BatchPlan(self.data.train, cfg.model.block_size, self.spec.global_rows, tcfg.seed, cfg.data.batch_mode)
-        self.eval_set = make_eval_set(cfg, self.data)
+        if self.task is not None:
+            from nlq.data.tasks import TaskEvalSet, TaskPlan
+
+            self.plan = TaskPlan(self.task, self.spec.global_rows, tcfg.seed)
+            self.eval_set = TaskEvalSet(self.task, np.arange(cfg.data.eval_windows), cfg.data.eval_seed)
+        else:
+            self.plan = BatchPlan(self.data.train, cfg.model.block_size, self.spec.global_rows, tcfg.seed,
+                                  cfg.data.batch_mode)
+            self.eval_set = make_eval_set(cfg, self.data)
         self.flops_per_token = self.model.flops_per_token()
-        self.tokenizer_files = tokenizer_files(self.data)
+        self.tokenizer_files = tokenizer_files(self.data) if self.data is not None else None
         self.peak = peak_flops(tcfg, env.device, self.dtype)
 
     def _existing_checkpoint(self, resume: bool) -> dict | None:
@@ -402,6 +420,8 @@ class Trainer:
                 rates.append(step_tokens / elapsed)
                 record = {"step": done, "train_loss": train_loss, "lr": lr, "grad_norm": grad_norm,
                           "tokens": done * step_tokens, "tokens_per_s": step_tokens / elapsed}
+                if self.train_acc is not None:
+                    record["train_acc"] = self.train_acc
                 if self.peak:
                     record["mfu"] = self.flops_per_token * record["tokens_per_s"] / (self.peak * env.world)
                 logger.log(record)
@@ -429,16 +449,22 @@ class Trainer:
         """One optimizer step over the global batch; returns (mean loss over ranks, grad norm). A non-finite
         loss or gradient stops training before the optimizer touches the weights."""
         env, accum = self.env, self.spec.accum
-        loss_sum = torch.zeros((), device=env.device)
+        totals = torch.zeros(3, device=env.device)  # loss sum; correct and scored answers (tasks)
         for micro in range(accum):
             x, y = self._batch(step, micro)
             x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
             sync = micro == accum - 1 or not hasattr(self.train_model, "no_sync")
             with (contextlib.nullcontext() if sync else self.train_model.no_sync()), _autocast(env.device, self.dtype):
-                _, loss = self.train_model(x, y)
+                logits, loss = self.train_model(x, y)
             (loss / accum).backward()
-            loss_sum += loss.detach()
-        loss = (distributed.all_reduce_sum(loss_sum, env) / (accum * env.world)).item()
+            totals[0] += loss.detach()
+            if self.task is not None:  # accuracy on the answer positions
+                scored = y != IGNORE
+                totals[1] += ((logits.detach().argmax(dim=-1) == y) & scored).sum()
+                totals[2] += scored.sum()
+        totals = distributed.all_reduce_sum(totals, env)
+        loss = (totals[0] / (accum * env.world)).item()
+        self.train_acc = (totals[1] / totals[2]).item() if self.task is not None else None
         clip = self.config.train.grad_clip or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
@@ -462,7 +488,7 @@ class Trainer:
         result = evaluate(self.train_model, self.eval_set, self.spec.micro_rows, self.env, self.dtype)
         loss = result["loss"]
         record = {"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700)), "val_acc": result["accuracy"]}
-        if self.config.train.objective == "clm":  # bits per byte of text; masked LM scores only 15% of it
+        if self.config.train.objective == "clm" and self.data is not None:  # bits per byte of text (not tasks); masked LM scores only 15% of it
             record["val_bpb"] = loss / math.log(2) / self.data.bytes_per_token("val")
         return record
 
@@ -492,6 +518,7 @@ class Trainer:
             "tokens": self.config.train.max_steps * self.spec.tokens(self.config.model.block_size),
             "tokens_per_s": float(np.median(rates)) if rates else None,
             "non_embedding_parameters": self.model.num_parameters(),
-            "unigram_entropy": unigram_entropy(data.train, data.vocab_size) if len(data.train) < 2**30 else None,
+            "unigram_entropy": (unigram_entropy(data.train, data.vocab_size) if data is not None and len(data.train) < 2**30
+                                else None),
             "world": self.env.world, "device": str(self.env.device),
         }
