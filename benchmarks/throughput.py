@@ -6,7 +6,8 @@
                                     [--compile] [--device cpu|cuda] [--json FILE]
 
 A variant is a query projection name, optionally with options after colons: `unfused` computes q and
-k/v with separate matmuls (nlq 0.1), `mlp4.75` sets model.mlp_ratio=4.75. `--nanogpt PATH` adds
+k/v with separate matmuls (nlq 0.1), `mlp4.75` sets model.mlp_ratio=4.75, `bf16` runs that variant under
+bfloat16 autocast (whatever --dtype says), so fp32 and bf16 alternate in one process. `--nanogpt PATH` adds
 karpathy/nanoGPT's GPT (loaded from that file, never copied into this repository) at the same shape
 (no biases, dropout 0, tied embeddings) with its own optimizer setup (`configure_optimizers`: on CPU, the
 default non-fused AdamW).
@@ -53,8 +54,8 @@ def nlq_variant(spec: str, base, changes: dict, device: torch.device):
     for option in options:
         if option.startswith("mlp"):
             model_changes["mlp_ratio"] = float(option[3:])
-        elif option != "unfused":
-            raise SystemExit(f"unknown variant option {option!r} in {spec!r}; options: unfused, mlpR")
+        elif option not in ("unfused", "bf16"):
+            raise SystemExit(f"unknown variant option {option!r} in {spec!r}; options: unfused, mlpR, bf16")
     cfg = with_model(base, **model_changes).model
     model = Transformer(cfg, seed=0).to(device)
     for module in model.modules():
@@ -85,7 +86,7 @@ def build(spec, args, base, changes, device, batch_size, compile_model=None):
         cfg, model, optimizer, about = nlq_variant(spec, base, changes, device)
         flops = model.flops_per_token()
     x = torch.randint(0, cfg.vocab_size, (batch_size, cfg.block_size), device=device)
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" or spec.endswith(":bf16") or ":bf16:" in spec else None
     compile_model = args.compile if compile_model is None else compile_model
     return cfg, make_step(torch.compile(model) if compile_model else model, optimizer, x, x, dtype), about, flops
 

@@ -274,3 +274,57 @@ def test_eval_windows_and_step_rng_are_fixed():
     assert step_rng(1, 2).random() == step_rng(1, 2).random() != step_rng(1, 3).random()
     with pytest.raises(UserError, match="fewer than one window"):
         BatchPlan(TOKENS[:10], context=32, global_rows=1, seed=0)
+
+
+# ---- pypkg: the Python source of installed distributions ---------------------------------------------------
+
+def test_pypkg_corpus_order_names_and_hash_are_deterministic(tmp_path):
+    import importlib.metadata
+
+    from nlq.data.shards import prepare
+
+    source = get_source("pypkg:tqdm,pyyaml")
+    version = importlib.metadata.version("tqdm")
+    assert source.name == f"pypkg:pyyaml=={importlib.metadata.version('pyyaml')},tqdm=={version}"  # sorted, versioned
+    first, second = list(source.documents()), list(get_source("pypkg:pyyaml,tqdm").documents())
+    assert first == second and len(first) > 10
+    assert len(set(first)) == len(first)  # exact duplicates dropped
+    metas = [prepare("pypkg:tqdm,pyyaml", "byte", tmp_path / name, log=lambda *_: None) for name in ("a", "b")]
+    assert metas[0]["source_hash"] == metas[1]["source_hash"] and metas[0]["splits"] == metas[1]["splits"]
+    assert metas[0]["source_meta"]["distributions"]["tqdm"] == version
+    assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
+
+
+def test_pypkg_refuses_a_missing_distribution_or_one_without_source(monkeypatch):
+    import importlib.metadata
+
+    with pytest.raises(UserError, match="distribution 'no-such-dist' is not installed; pip install no-such-dist"):
+        get_source("pypkg:torch,no-such-dist")
+
+    class BinaryOnly:
+        version, files = "1.0", []
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: BinaryOnly())
+    with pytest.raises(UserError, match="has no Python source files"):
+        get_source("pypkg:compiled-only")
+
+
+def test_a_data_directory_from_other_package_versions_is_a_different_dataset(tmp_path, monkeypatch):
+    """A study continued on a machine whose packages differ notices: the versioned source name differs."""
+    import importlib.metadata
+
+    from nlq.data.shards import prepare
+
+    prepare("pypkg:tqdm", "byte", tmp_path / "d", log=lambda *_: None)
+    real = importlib.metadata.distribution
+
+    class Newer:
+        def __init__(self, dist):
+            self.dist, self.version, self.files = dist, "999.0", dist.files
+
+        def locate_file(self, f):
+            return self.dist.locate_file(f)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Newer(real(name)))
+    with pytest.raises(UserError, match="holds a different dataset.*tqdm==999.0"):
+        prepare("pypkg:tqdm", "byte", tmp_path / "d", log=lambda *_: None)
