@@ -58,18 +58,21 @@ def test_bad_task_settings_are_clear_errors(kwargs, needle):
 
 
 def test_a_tiny_model_learns_mqar_with_few_pairs(tmp_path):
-    """A real property at test size: 2 layers of width 32 learn 2-pair recall over 8 keys to >= 90% held-out
-    accuracy on the answer positions (chance: 1/8)."""
+    """A real property at test size: 2 layers of width 64 learn 2-pair recall over 8 keys to >= 90% held-out
+    accuracy on the answer positions. Chance is 1/8; picking one of the two stored values gives ~58%, where it
+    sits until the induction mechanism forms (between steps 3000 and 4000 here), then it jumps to ~100%."""
     from nlq.cli import main
     from nlq.training.logging import read_metrics
 
     main(["train", "--out", str(tmp_path / "run"), "--preset", "nano", "--data.task=mqar", "--data.task_pairs=2",
-          "--data.task_vocab=8", "--model.vocab_size=32", "--model.block_size=16", "--model.n_embd=32",
-          "--model.n_head=2", "--train.batch_size=32", "--train.max_steps=300", "--train.lr=1e-2", "--train.min_lr=1e-3",
-          "--train.warmup_steps=20", "--train.eval_every=300", "--data.eval_windows=256"])
+          "--data.task_vocab=8", "--model.vocab_size=32", "--model.block_size=16", "--model.n_embd=64",
+          "--model.n_head=4", "--train.batch_size=32", "--train.max_steps=4500", "--train.lr=1e-3", "--train.min_lr=1e-4",
+          "--train.schedule=wsd", "--train.cooldown_fraction=0.1", "--train.warmup_steps=50", "--train.weight_decay=0",
+          "--train.eval_every=1500", "--train.log_every=100000", "--data.eval_windows=256"])
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    final = [r for r in records if "val_acc" in r][-1]
-    assert final["step"] == 300 and final["val_acc"] >= 0.9, final
+    evals = [r for r in records if "val_acc" in r]
+    assert evals[1]["val_acc"] < 0.7  # step 1500: not solved yet, so the test sees learning, not a trivial task
+    assert evals[-1]["step"] == 4500 and evals[-1]["val_acc"] >= 0.9, evals
     assert [r for r in records if "train_acc" in r][-1]["train_acc"] >= 0.9
 
 
