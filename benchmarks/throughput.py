@@ -25,6 +25,7 @@ steadier of the two numbers on a noisy machine). Random tokens: a step's cost do
 import argparse
 import importlib.util
 import json
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -158,6 +159,7 @@ def main():
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f", {torch.get_num_threads()} threads")
           + f", {args.rounds} rounds x {args.steps} steps, allocator {'default' if args.no_allocator_tuning else 'tuned'}")
     times = {name: [] for name in steps}
+    faults_before = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(args.rounds):
         for name, step in steps.items():
             _sync(device)
@@ -166,6 +168,10 @@ def main():
                 step()
             _sync(device)
             times[name].append((time.perf_counter() - start) / args.steps)
+    faults_after = resource.getrusage(resource.RUSAGE_SELF)
+    n_steps = args.rounds * args.steps * len(steps)
+    print(f"minor page faults per step: {(faults_after.ru_minflt - faults_before.ru_minflt) / n_steps:,.1f}, system time "
+          f"per step: {(faults_after.ru_stime - faults_before.ru_stime) / n_steps * 1000:.1f} ms (all variants together)")
     first, results = specs[0], {}
     for name, values in times.items():
         median = statistics.median(values)

@@ -292,3 +292,13 @@ def test_sampling_draws_only_ids_the_tokenizer_has():
     unrestricted = generate(model, torch.zeros(4, 1, dtype=torch.long), 30, temperature=2.0,
                             generator=torch.Generator().manual_seed(0))
     assert int(unrestricted.max()) >= 257  # the test would notice a missing limit
+
+
+def test_a_flipped_byte_in_a_data_shard_is_caught_on_load(byte_data, tmp_path, capsys):
+    target = tmp_path / "data"
+    shutil.copytree(byte_data, target)
+    raw = bytearray((target / "train.bin").read_bytes())
+    raw[len(raw) // 2] ^= 0x01  # still a valid byte id: only the checksum can tell
+    (target / "train.bin").write_bytes(bytes(raw))
+    one_line_error(capsys, ["train", "--data", target, "--out", tmp_path / "x", "--preset", "nano", *SMALL],
+                   "train.bin is corrupt: its checksum does not match meta.json")

@@ -90,6 +90,7 @@ def _prepare(source: Source, tokenizer_name: str, out: Path, request: dict, seed
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         stats = {split: {"documents": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+        shard_hashes = {split: hashlib.blake2b(digest_size=16) for split in SPLITS}  # verified by load_data
         content_hash = hashlib.sha256()
         files = {split: open(tmp / f"{split}.bin", "wb") for split in SPLITS}
         max_id = -1
@@ -107,7 +108,9 @@ def _prepare(source: Source, tokenizer_name: str, out: Path, request: dict, seed
                     # each document ends with end-of-text, so documents are separated in the stream
                     ids = np.concatenate([np.append(t, tokenizer.eot_id) for t in tokenizer.encode_batch(docs)])
                     max_id = max(max_id, int(ids.max()))
-                    files[split].write(ids.astype(dtype).tobytes())
+                    block = ids.astype(dtype).tobytes()
+                    files[split].write(block)
+                    shard_hashes[split].update(block)
                     stats[split]["documents"] += len(docs)
                     stats[split]["tokens"] += len(ids)
                     stats[split]["bytes"] += sum(len(d.encode("utf-8", errors="replace")) for d in docs)
@@ -125,6 +128,8 @@ def _prepare(source: Source, tokenizer_name: str, out: Path, request: dict, seed
         if max_id >= tokenizer.vocab_size:
             raise UserError(f"tokenizer produced id {max_id} outside its vocabulary of {tokenizer.vocab_size}")
         tokenizer.save(tmp)
+        for split in SPLITS:
+            stats[split]["blake2b"] = shard_hashes[split].hexdigest()
         meta = {
             "format_version": FORMAT_VERSION, **request, "source_hash": content_hash.hexdigest(),
             "source_meta": source.meta, "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id,
@@ -214,6 +219,9 @@ def load_data(directory: str | Path, check_ids: bool = True) -> TokenData:
             if size != expected * dtype.itemsize:
                 raise UserError(f"{path} is truncated or corrupt: {size:,} bytes, meta.json says "
                                 f"{expected:,} tokens of {dtype.name}; prepare the data again")
+            checksum = meta["splits"][split].get("blake2b")  # data prepared by nlq 0.1 has none
+            if checksum and size <= VERIFY_MAX_BYTES and _file_digest(path) != checksum:
+                raise UserError(f"{path} is corrupt: its checksum does not match meta.json; prepare the data again")
             arrays[split] = np.memmap(path, dtype=dtype, mode="r")
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise UserError(f"{meta_path} is malformed ({type(e).__name__}: {e}); prepare the data again") from None
@@ -225,6 +233,17 @@ def load_data(directory: str | Path, check_ids: bool = True) -> TokenData:
                 raise UserError(f"{directory / (split + '.bin')} holds token id {top}, outside the vocabulary of "
                                 f"{data.vocab_size} in meta.json; prepare the data again")
     return data
+
+
+VERIFY_MAX_BYTES = 2 * 2**30  # shards up to this size are hashed at every load (~1 GB/s); larger: size check only
+
+
+def _file_digest(path: Path, block: int = 1 << 26) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _max_id(tokens: np.ndarray, block: int = 1 << 26) -> int:

@@ -82,7 +82,7 @@ def tune_allocator() -> bool:
     try:
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_max = -1, -4  # glibc's mallopt parameter numbers (malloc.h)
-        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**30))
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))  # int max: never trim
     except (OSError, AttributeError):
         return False
 
