@@ -23,7 +23,7 @@ def tiny_study(byte_data, seeds=(1, 2)):
 def test_tiny_study_end_to_end(byte_data, tmp_path):
     run_study(tiny_study(byte_data), tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     markdown = build_report(tmp_path)
-    for name in ("report.md", "results.csv", "val_curves.png", "loss_vs_params.png"):
+    for name in ("report.md", "results.csv", "val_curves.png", "loss_vs_params.png", "paired_curves.png"):
         assert (tmp_path / name).stat().st_size > 0
     table = [line for line in markdown.splitlines() if line.startswith("| linear") or line.startswith("| nonlinear")]
     assert len(table) == 3  # two variant rows + one paired row
@@ -189,3 +189,17 @@ def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path, mo
     messages = []  # started again: everything is finished
     run_study(scaling.scaling(), tmp_path, overrides, data_dir=str(byte_data), log=messages.append)
     assert not [m for m in messages if m.startswith("[") and "skipped" not in m]
+
+
+def test_paired_curve_is_the_per_step_paired_difference():
+    from nlq.report import RunResult, paired_curve
+
+    def run(seed, curve):
+        return RunResult(f"r{seed}", "v", seed, 1e-3, 10, curve[-1][1], 1.0, 1.0, curve)
+
+    base = [run(1, [(0, 5.0), (10, 4.0), (20, 3.0)]), run(2, [(0, 5.0), (10, 4.2), (20, 3.1)])]
+    variant = [run(1, [(0, 5.0), (10, 3.9), (20, 2.8)]), run(2, [(0, 5.0), (10, 4.0), (20, 3.0)]), run(3, [(0, 1.0)])]
+    points = dict(paired_curve(variant, base))
+    assert sorted(points) == [0, 10, 20]  # seed 3 has no baseline: left out
+    assert points[10]["mean"] == pytest.approx(-0.15) and points[20]["mean"] == pytest.approx(-0.15)
+    assert points[10]["n"] == 2 and points[20]["low"] < points[20]["mean"] < points[20]["high"]

@@ -183,6 +183,7 @@ def build_report(study_dir: str | Path) -> str:
     _write_csv(study_dir / "results.csv", results)
     _plot_curves(study_dir / "val_curves.png", by_variant, study["name"])
     _plot_params(study_dir / "loss_vs_params.png", rows, family, fit)
+    _plot_paired_curves(study_dir / "paired_curves.png", by_variant, baseline, study["name"])
     _atomic_write(study_dir / "report.md", markdown)
     return markdown
 
@@ -222,7 +223,9 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
             lines.append(f"| {r['variant']} | {r['val_loss']:.4f} | {n_eq:,.0f} | {n_eq / base_params - 1:+.1%} |")
         lines.append("")
         lines.append("Three width points span little range; read the extrapolated values as rough.")
-    lines += ["", "Plots: `val_curves.png` (mean over seeds, band = min..max), `loss_vs_params.png`.", ""]
+    lines += ["", "Plots: `val_curves.png` (mean over seeds, band = min..max), `loss_vs_params.png` (mean ± std over "
+              "seeds), `paired_curves.png` (each variant minus the baseline over training, paired by seed, with its "
+              "95% interval band).", ""]
     return "\n".join(lines)
 
 
@@ -264,6 +267,40 @@ def _plot_curves(path: Path, by_variant: dict[str, list[RunResult]], title: str)
     _save_figure(fig, path)
 
 
+def paired_curve(runs: list[RunResult], base_runs: list[RunResult]) -> list[tuple[int, dict]]:
+    """(step, paired difference variant - baseline over the seeds both have at that eval step)."""
+    base = {r.seed: dict(r.curve) for r in base_runs}
+    mine = {r.seed: dict(r.curve) for r in runs if r.seed in base}
+    steps = sorted(set.intersection(*(set(c) & set(base[s]) for s, c in mine.items()))) if mine else []
+    return [(step, paired_difference([mine[s][step] for s in mine], [base[s][step] for s in mine])) for step in steps]
+
+
+def _plot_paired_curves(path: Path, by_variant: dict[str, list[RunResult]], baseline: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant, runs in by_variant.items():
+        if variant == baseline:
+            continue
+        points = paired_curve(runs, by_variant[baseline])
+        if not points:
+            continue
+        steps = [s for s, _ in points]
+        line, = ax.plot(steps, [p["mean"] for _, p in points], marker=".", label=variant)
+        if not any(math.isnan(p["low"]) for _, p in points):
+            ax.fill_between(steps, [p["low"] for _, p in points], [p["high"] for _, p in points], color=line.get_color(),
+                            alpha=0.15)
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.set(xlabel="step", ylabel=f"val loss - {baseline} (nats; < 0 is better)",
+           title=f"{title}: paired difference to {baseline}, 95% interval")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save_figure(fig, path)
+
+
 def _plot_params(path: Path, rows: list[dict], family: list[str], fit) -> None:
     import matplotlib
 
@@ -273,7 +310,8 @@ def _plot_params(path: Path, rows: list[dict], family: list[str], fit) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
         marker = "o" if r["variant"] in family else "*"
-        ax.scatter(r["params"], r["val_loss"], marker=marker, s=60 if marker == "o" else 120)
+        std = 0.0 if math.isnan(r["val_loss_std"]) else r["val_loss_std"]  # the seed spread, often larger than the gaps
+        ax.errorbar(r["params"], r["val_loss"], yerr=std, fmt=marker, markersize=7 if marker == "o" else 11, capsize=4)
         ax.annotate(r["variant"], (r["params"], r["val_loss"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
     if fit is not None:
         ns = np.linspace(min(r["params"] for r in rows) * 0.95, max(r["params"] for r in rows) * 1.05, 50)
