@@ -317,7 +317,7 @@ def _plot_params(path: Path, rows: list[dict], family: list[str], fit) -> None:
         ns = np.linspace(min(r["params"] for r in rows) * 0.95, max(r["params"] for r in rows) * 1.05, 50)
         ax.plot(ns, fit[0] + fit[1] * np.log(ns), "k--", lw=1, label="fit over the width family")
         ax.legend()
-    ax.set(xlabel="non-embedding parameters", ylabel="final val loss (mean over seeds)", title="loss vs parameters")
+    ax.set(xlabel="non-embedding parameters", ylabel="final val loss (mean ± std over seeds)", title="loss vs parameters")
     ax.grid(alpha=0.3)
     _save_figure(fig, path)
 

@@ -235,6 +235,11 @@ def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
             lines.append(f"| {width} | {variant} | {row} | {best:g} |")
     lines.append("")
     for width, best in best_by_width.items():
+        done = {(r["variant"], r["lr"]) for r in sweep if r["width"] == width}
+        expected = len(variants) * len(WIDTHS[width][2]) if width in WIDTHS else len(done)
+        if len(done) < expected:
+            lines.append(f"- {width}: sweep incomplete ({len(done)} of {expected} runs); no verdict on the best lr yet.")
+            continue
         lines.append(f"- {width}: the best lr is {'the same for every variant' if len(best) == 1 else 'not the same for every variant'} "
                      f"({', '.join(f'{b:g}' for b in sorted(best))}); one seed, so a difference of one grid step can be noise.")
     return lines
