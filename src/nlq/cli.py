@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("study", help="run a named study (variants x seeds x lrs) and write its report")
-    p.add_argument("name", help="cpu, cpu-lr or paper")
+    p.add_argument("name", help="cpu, cpu-lr, scaling, probes, encoder, kvo or paper")
     p.add_argument("--out", required=True, help="study directory")
     p.add_argument("--data", help="use this prepared data directory instead of preparing the study's own")
     p.set_defaults(func=cmd_study)
