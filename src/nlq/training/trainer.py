@@ -319,6 +319,7 @@ class Trainer:
             check_vocab(self.data, cfg.model, tcfg.objective)  # before any compute
         self.spec = batch_spec(tcfg, cfg.model.block_size, env.world)
         check_memory(cfg, self.spec.micro_rows, env.device)
+        self.dtype = autocast_dtype(tcfg, env.device)  # refuses bf16 where the CPU has none, before any write
         self.payload = self._existing_checkpoint(resume)
         self.start_step = self.payload["step"] if self.payload else 0
         distributed.barrier(env)  # every rank has looked at the run directory before rank 0 writes to it
@@ -341,9 +342,6 @@ class Trainer:
         self.train_model = distributed.wrap(self.model, env, cfg.dist.strategy)
         self.optimizer = make_optimizer(self.model, tcfg, env.device, sharded=env.distributed and cfg.dist.strategy == "fsdp")
         if self.payload:
-            if "optimizer" not in self.payload:
-                raise UserError(f"{self.payload['path']} holds weights only (no optimizer state) and cannot be resumed; "
-                                f"start a new run from it with --train.init_from={self.payload['path']}")
             try:
                 ckpt.load_full_state(self.model, self.optimizer, self.payload["model"], self.payload["optimizer"])
             except (RuntimeError, KeyError, ValueError) as e:
@@ -352,7 +350,6 @@ class Trainer:
             _restore_rng(self.payload, env, tcfg.seed)
         if tcfg.compile:
             self.train_model = torch.compile(self.train_model)
-        self.dtype = autocast_dtype(tcfg, env.device)
         if self.task is not None:
             from nlq.data.tasks import TaskEvalSet, TaskPlan
 
@@ -373,11 +370,17 @@ class Trainer:
         if not resume and (latest is not None or read_metrics(self.run_dir / "metrics.jsonl")):  # an empty start is no run
             raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")
         if resume and latest is not None:
-            return self._compatible(ckpt.load_checkpoint(latest))
+            return self._resumable(ckpt.load_checkpoint(latest))
         if self.config.train.resume_from:
-            payload = self._compatible(ckpt.load_checkpoint(self.config.train.resume_from))
+            payload = self._resumable(ckpt.load_checkpoint(self.config.train.resume_from))
             return payload | {"branched_from": payload["path"]}
         return None
+
+    def _resumable(self, payload: dict) -> dict:
+        if "optimizer" not in payload:
+            raise UserError(f"{payload['path']} holds weights only (no optimizer state), so training cannot continue "
+                            f"from it; start a new run from its weights with --train.init_from={payload['path']}")
+        return self._compatible(payload)
 
     def _compatible(self, payload: dict) -> dict:
         saved = asdict(RunConfig.from_dict({"model": payload["config"].get("model") or {}}).model)
