@@ -122,6 +122,7 @@ def study_with(tmp_path, study=None, summary=None):
 @pytest.mark.parametrize("what,argv,needle", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_a_one_line_error(what, argv, needle, byte_data, run_dir, tmp_path, capsys):
     one_line_error(capsys, argv(byte_data, run_dir, tmp_path), needle)
+    assert not (tmp_path / "x").exists()  # a refused start writes nothing, so the corrected retry is not refused
 
 
 # ---- checkpoints: integrity -----------------------------------------------------------------------------------
