@@ -223,6 +223,8 @@ def load_data(directory: str | Path, check_ids: bool = True) -> TokenData:
             if checksum and size <= VERIFY_MAX_BYTES and _file_digest(path) != checksum:
                 raise UserError(f"{path} is corrupt: its checksum does not match meta.json; prepare the data again")
             arrays[split] = np.memmap(path, dtype=dtype, mode="r")
+    except UserError:
+        raise
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise UserError(f"{meta_path} is malformed ({type(e).__name__}: {e}); prepare the data again") from None
     data = TokenData(directory, meta, arrays["train"], arrays["val"])
