@@ -210,8 +210,6 @@ def load_initial_weights(model: torch.nn.Module, path: str | Path) -> list[str]:
 def import_run(source: str | Path, out: str | Path) -> str:
     """An nlq run directory (config.json, checkpoints/step_N.pt with weights only, data_meta.json) from a
     checkpoint trained elsewhere; nlq eval, sample and export accept it, and train.init_from starts from it."""
-    import os
-
     from nlq.config import RunConfig, update
     from nlq.training import checkpoint as ckpt
 
@@ -235,6 +233,5 @@ def import_run(source: str | Path, out: str | Path) -> str:
         (out / "data_meta.json").write_text(json.dumps({"tokenizer": "gpt2", "vocab_size": 50257,
                                                         "imported_from": str(source)}, indent=2) + "\n")
     payload = {"model": model.state_dict(), "step": step, "config": config.to_dict(), "imported_from": str(source)}
-    path = ckpt.save_checkpoint(out, step, payload, keep=1)
-    os.sync()
+    path = ckpt.save_checkpoint(out, step, payload, keep=1)  # atomic and fsynced
     return f"imported {what} into {out} ({path.name}; weights only{', tokenizer gpt2' if tokenizer else ''})"
