@@ -24,12 +24,16 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep records up to last_step: a resumed run redoes the steps after its checkpoint."""
-    records = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
+def write_metrics(path: Path, records: list[dict]) -> None:
+    """Replace metrics.jsonl with these records, atomically."""
     tmp = Path(path).with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     tmp.replace(path)
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep records up to last_step: a resumed run redoes the steps after its checkpoint."""
+    write_metrics(path, [r for r in read_metrics(path) if r.get("step", 0) <= last_step])
 
 
 class MetricsLogger:

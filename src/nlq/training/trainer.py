@@ -32,7 +32,7 @@ from nlq.model import Transformer
 from nlq.training import checkpoint as ckpt
 from nlq.training import distributed
 from nlq.training.distributed import DistEnv
-from nlq.training.logging import MetricsLogger, read_metrics, truncate_metrics
+from nlq.training.logging import MetricsLogger, read_metrics, truncate_metrics, write_metrics
 from nlq.training.schedule import lr_at
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
@@ -395,10 +395,7 @@ class Trainer:
         path = self.run_dir / "metrics.jsonl"
         if self.payload and "branched_from" in self.payload:
             source = Path(self.payload["branched_from"]).parent.parent / "metrics.jsonl"
-            records = [r for r in read_metrics(source) if r.get("step", 0) <= self.start_step]
-            tmp = path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-            tmp.replace(path)
+            write_metrics(path, [r for r in read_metrics(source) if r.get("step", 0) <= self.start_step])
         else:
             truncate_metrics(path, self.start_step if self.payload else -1)
 
