@@ -1,6 +1,8 @@
 """Synthetic tasks: deterministic from their seeds, answers right (checked by a brute-force solver), and a tiny
 model learns MQAR with few pairs."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -81,12 +83,21 @@ def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path, monkeypatch):
     from nlq.report import build_report
     from nlq.study import run_study
 
-    monkeypatch.setattr(probes, "TASKS", {"mqar-2": ("mqar", 8, 2, 16), "lookup-2": ("lookup", 16, 2, 16)})
-    monkeypatch.setattr(probes, "WIDTHS", [16, 32])
+    monkeypatch.setattr(probes, "TASKS", {"mqar-2": ("mqar", 8, 2, 16, [16, 32]), "lookup-2": ("lookup", 16, 2, 16, [16, 32])})
     monkeypatch.setattr(probes, "SEEDS", [1, 2])
     run_study(probes.probes(), tmp_path, ["--train.max_steps=3", "--train.eval_every=3", "--data.eval_windows=8",
                                           "--train.batch_size=4", "--train.warmup_steps=1"], log=lambda *_: None)
     markdown = build_report(tmp_path)
     assert "| lookup-2 | 32 | nonlinear | 2 |" in markdown and "| mqar-2 | 16 | identity | 2 |" in markdown
-    assert (tmp_path / "probes_accuracy.png").stat().st_size > 0
+    assert (tmp_path / "probes_accuracy.png").stat().st_size > 0 and (tmp_path / "probes_curves.png").stat().st_size > 0
     assert len((tmp_path / "results.csv").read_text().splitlines()) == 1 + 2 * 2 * 4 * 2
+
+
+def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
+    from nlq.probes import steps_to_solve
+
+    rows = [{"step": 0, "val_acc": 0.1}, {"step": 50, "loss": 1.0}, {"step": 100, "val_acc": 0.89},
+            {"step": 200, "val_acc": 0.95}, {"step": 300, "val_acc": 0.85}, {"step": 400, "val_acc": 0.99}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert steps_to_solve(tmp_path) == 200 and steps_to_solve(tmp_path, 0.99) == 400
+    assert steps_to_solve(tmp_path, 0.999) is None and steps_to_solve(tmp_path / "missing") is None

@@ -152,10 +152,11 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
     from nlq.report import build_report
-    from nlq.study import get_study, run_study
+    from nlq.study import get_study, parse_shard, run_study
 
     study = get_study(args.name)
-    run_study(study, args.out, overrides, data_dir=args.data)
+    shard = parse_shard(args.shard) if args.shard else None
+    run_study(study, args.out, overrides, data_dir=args.data, shard=shard)
     build_report(args.out)
     print(f"report: {args.out}/report.md")
 
@@ -270,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="cpu, cpu-lr, scaling, probes, encoder, kvo or paper")
     p.add_argument("--out", required=True, help="study directory")
     p.add_argument("--data", help="use this prepared data directory instead of preparing the study's own")
+    p.add_argument("--shard", metavar="K/N", help="run only share K of N of every stage, for N processes on one "
+                   "study directory (each waits for the others at the end of a stage)")
     p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("report", help="tables, paired statistics and plots of a study")

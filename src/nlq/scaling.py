@@ -1,7 +1,8 @@
 """`nlq study scaling`: how the nonlinear query's effect moves with training tokens per parameter and width.
 
 The paper trains 85M non-embedding parameters on ~350 tokens per parameter; the `cpu` study trains 0.8M on
-~1.5. This study fills the axis between: widths d 64 (2 layers) and d 128 (4 layers), variants linear,
+~1.5. This study fills the axis between: widths d 64 and d 128 at 2 layers each (width is the only thing
+that changes; a 4-layer d 128 would cost 3.5x the CPU time for its 20 tokens per parameter), variants linear,
 nonlinear and linear-mlp4.75 (+12.5% parameters), 3 seeds, on the `pypkg` corpus (Python source of the
 installed packages, 46M train tokens with bpe:2048, so no budget repeats a token).
 
@@ -34,7 +35,7 @@ VARIANTS = [
 # width -> (model shape, token budgets in tokens per non-embedding parameter, lrs to sweep, sweep budget)
 WIDTHS = {
     "d64": (dict(n_layer=2, n_head=4, n_embd=64), [2, 5, 10, 20, 50, 100, 300], [2e-3, 4e-3, 8e-3], 10),
-    "d128": (dict(n_layer=4, n_head=4, n_embd=128), [2, 5, 10, 20], [1e-3, 2e-3, 4e-3], 3),
+    "d128": (dict(n_layer=2, n_head=4, n_embd=128), [2, 5, 10, 20], [1e-3, 2e-3, 4e-3], 3),
 }
 SEEDS = [1, 2, 3]
 SWEEP_SEED = 1
@@ -111,13 +112,14 @@ def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float]
                         runs.append(Run(study, variant, seed, None, update_nested(common, {"train": {
                             "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
                             "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
-                            labels={"stage": "stable", "width": width}))
+                            labels={"stage": "stable", "width": width}, group=stable.name))
                     branch = {"max_steps": budget, "eval_every": budget}
                     if start > 0:
                         branch["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
                     runs.append(Run(study, variant, seed, None, update_nested(common, {"train": branch}),
                                     tag=f"{width}-tpp{tpp:g}",
-                                    labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget}))
+                                    labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget},
+                                    group=stable.name))
     return runs
 
 

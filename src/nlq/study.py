@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -80,6 +81,11 @@ class Run:
     tag: str = ""  # name prefix, e.g. "d64-tpp20"
     suffix: str = ""  # name suffix, e.g. "-stable" for the shared stable phase of WSD branches
     labels: dict = field(default_factory=dict)  # recorded in study.json for the report (width, budget, stage)
+    group: str = ""  # runs that must run in order in one process (a WSD stable run and its branches); "": itself
+
+    @property
+    def chain(self) -> str:
+        return self.group or self.name
 
     @property
     def name(self) -> str:
@@ -230,8 +236,12 @@ def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=
 
 
 def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
-              log=print) -> list[Path]:
-    """Run (or continue) every run of the study, stage by stage; returns the run directories."""
+              log=print, shard: tuple[int, int] | None = None) -> list[Path]:
+    """Run (or continue) every run of the study, stage by stage; returns the run directories.
+
+    shard=(k, n): this process runs only the k-th of n shares of every stage (whole groups, round-robin), so n
+    processes (e.g. one thread each) share a study directory; each waits at the end of a stage until the
+    others have finished theirs, since a later stage may depend on all of it."""
     study_dir = Path(study_dir)
     overrides = overrides or []
     study_dir.mkdir(parents=True, exist_ok=True)
@@ -244,9 +254,46 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
                                         "data_meta": _data_meta(data) if data else None, "runs": recorded}
         _write_json(study_dir / "study.json", described)
-        done_dirs += _run_stage(stage, configs, study_dir, log)
+        if shard is None:
+            done_dirs += _run_stage(stage, configs, study_dir, log)
+            continue
+        mine = _shard_indices(stage, *shard)
+        done_dirs += _run_stage([stage[i] for i in mine], [configs[i] for i in mine], study_dir, log)
+        _wait_for_others(stage, configs, study_dir, shard, log)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
     return done_dirs
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 1 <= K <= N."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        raise UserError(f"--shard {text!r} is not K/N with 1 <= K <= N (e.g. --shard 1/2 and --shard 2/2 in two processes)")
+    return k, n
+
+
+def _shard_indices(runs: list[Run], k: int, n: int) -> list[int]:
+    """Indices of the runs of shard k of n: groups in order of first appearance, dealt round-robin."""
+    groups = list(dict.fromkeys(r.chain for r in runs))
+    mine = {g for i, g in enumerate(groups) if i % n == k - 1}
+    return [i for i, r in enumerate(runs) if r.chain in mine]
+
+
+def _wait_for_others(runs: list[Run], configs: list[RunConfig], study_dir: Path, shard: tuple[int, int], log,
+                     poll_s: float = 20.0) -> None:
+    waited = 0.0
+    while True:
+        pending = [r.name for r, c in zip(runs, configs) if not run_finished(study_dir / "runs" / r.name, c.train.max_steps)]
+        if not pending:
+            return
+        if waited % 600 == 0:
+            log(f"shard {shard[0]}/{shard[1]}: waiting for {len(pending)} run(s) of the other shards "
+                f"(e.g. {pending[0]}) to finish this stage")
+        time.sleep(poll_s)
+        waited += poll_s
 
 
 def _data_meta(data_dir: Path) -> dict:
@@ -305,7 +352,7 @@ def _train_run(config: RunConfig, run_dir: Path) -> None:
 
 
 def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # per process: shards write study.json too
     tmp.write_text(json.dumps(value, indent=2) + "\n")
     tmp.replace(path)
 
