@@ -203,3 +203,60 @@ def test_paired_curve_is_the_per_step_paired_difference():
     assert sorted(points) == [0, 10, 20]  # seed 3 has no baseline: left out
     assert points[10]["mean"] == pytest.approx(-0.15) and points[20]["mean"] == pytest.approx(-0.15)
     assert points[10]["n"] == 2 and points[20]["low"] < points[20]["mean"] < points[20]["high"]
+
+
+def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(tmp_path, monkeypatch):
+    """Two shards on one study directory: every run trained once, a group's runs by one shard in order, and
+    the second stage built only after both shards finished the first."""
+    import threading
+
+    from nlq import study as study_module
+    from nlq.probes import base
+    from nlq.study import Run, parse_shard
+
+    trained, lock = [], threading.Lock()
+
+    def fake_train(config, run_dir):
+        with lock:
+            trained.append((threading.current_thread().name, run_dir.name))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps(
+            {"final_step": config.train.max_steps, "val_loss": 1.0, "tokens_per_s": 1.0}))
+
+    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    monkeypatch.setattr(study_module, "WAIT_POLL_S", 0.01)
+    variant = Variant("linear", {"model": {"query": "linear"}})
+    task = {"data": {"task": "mqar", "task_vocab": 8, "task_pairs": 2}, "train": {"max_steps": 2}}
+    study = Study("sharded", "", base(), [variant], seeds=[1], data=DataSpec("task", "none"))
+    first = [Run(study, variant, seed, None, task, tag="first") for seed in range(1, 6)]
+
+    def stages(study_dir):
+        yield first
+        assert all((study_dir / "runs" / r.name / "summary.json").is_file() for r in first)  # both shards done
+        yield [Run(study, variant, 1, None, task, tag=f"g{g}-{part}", group=f"g{g}") for g in range(3) for part in "ab"]
+
+    study.stages = stages
+    shard_two = threading.Thread(target=run_study, name="2", args=(study, tmp_path),
+                                 kwargs={"log": lambda *_: None, "shard": parse_shard("2/2")})
+    shard_two.start()
+    threading.current_thread().name, main_name = "1", threading.current_thread().name
+    try:
+        run_study(study, tmp_path, log=lambda *_: None, shard=parse_shard("1/2"))
+    finally:
+        threading.current_thread().name = main_name
+    shard_two.join(timeout=30)
+    names = [name for _, name in trained]
+    assert sorted(names) == sorted([r.name for r in first] + [f"g{g}-{p}-linear-s1" for g in range(3) for p in "ab"])
+    by = {name: shard for shard, name in trained}
+    assert {by[f"g{g}-a-linear-s1"] == by[f"g{g}-b-linear-s1"] for g in range(3)} == {True}
+    assert all(names.index(f"g{g}-a-linear-s1") < names.index(f"g{g}-b-linear-s1") for g in range(3))
+    assert set(by.values()) == {"1", "2"}
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "1/0"])
+def test_bad_shard_is_a_clear_error(text):
+    from nlq.errors import UserError
+    from nlq.study import parse_shard
+
+    with pytest.raises(UserError, match="K/N"):
+        parse_shard(text)

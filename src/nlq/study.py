@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -282,14 +283,16 @@ def _shard_indices(runs: list[Run], k: int, n: int) -> list[int]:
     return [i for i, r in enumerate(runs) if r.chain in mine]
 
 
-def _wait_for_others(runs: list[Run], configs: list[RunConfig], study_dir: Path, shard: tuple[int, int], log,
-                     poll_s: float = 20.0) -> None:
-    waited = 0.0
+WAIT_POLL_S = 20.0  # how often a shard looks whether the others have finished a stage
+
+
+def _wait_for_others(runs: list[Run], configs: list[RunConfig], study_dir: Path, shard: tuple[int, int], log) -> None:
+    waited, poll_s = 0.0, WAIT_POLL_S
     while True:
         pending = [r.name for r, c in zip(runs, configs) if not run_finished(study_dir / "runs" / r.name, c.train.max_steps)]
         if not pending:
             return
-        if waited % 600 == 0:
+        if waited == 0 or waited // 600 != (waited - poll_s) // 600:  # at the start, then every 10 minutes
             log(f"shard {shard[0]}/{shard[1]}: waiting for {len(pending)} run(s) of the other shards "
                 f"(e.g. {pending[0]}) to finish this stage")
         time.sleep(poll_s)
@@ -352,7 +355,7 @@ def _train_run(config: RunConfig, run_dir: Path) -> None:
 
 
 def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # per process: shards write study.json too
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")  # shards write study.json too
     tmp.write_text(json.dumps(value, indent=2) + "\n")
     tmp.replace(path)
 
