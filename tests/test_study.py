@@ -174,6 +174,7 @@ def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path, mo
     stages = [r["stage"] for r in described["runs"]]
     assert stages.count("lr-sweep") == 2 * 3 and stages.count("budget") == 2 * 3 * 2
     budget_runs = [r for r in described["runs"] if r["stage"] == "budget"]
+    assert [r["tpp"] for r in budget_runs] == [4] * 6 + [8] * 6  # budget-major: a cut-short study has whole budgets
     for run in budget_runs:
         config = json.loads((tmp_path / "runs" / run["name"] / "config.json").read_text())
         assert config["train"]["schedule"] == "wsd"

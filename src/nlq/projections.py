@@ -151,7 +151,8 @@ class NonlinearQuery(nn.Module):
 
     def finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         if self.in_norm_weight is not None:
-            h = h * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps)  # (B, T, r) / rms(X)
+            # (B, T, r) / rms(X); the norm is one pass over X with no (B, T, d) temporary, unlike square().mean()
+            h = h * torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / self.dim + self.eps)
         f = self.out_norm(self.down(self.act(_add_bias(h, self.up.bias))))  # (B, T, d)
         return x + f if self.fold_half else 0.5 * (x + f)
 

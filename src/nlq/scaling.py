@@ -95,8 +95,10 @@ def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
 
 
 def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float]) -> list[Run]:
-    """Per (width, seed, variant): stable segment to each budget's cooldown start, then that budget's branch."""
-    runs = []
+    """Per (width, seed, variant) chain: a stable segment to each budget's cooldown start, then that budget's
+    branch. Budget-major order: every chain reaches a budget before any goes on to the next, so a study cut
+    short has all seeds and variants of its smaller budgets (each chain's runs stay in order)."""
+    chains = []
     for width, (_, budgets, _, _) in WIDTHS.items():
         steps = [budget_steps(study.base, width, tpp) for tpp in budgets]
         longest = max(steps)
@@ -105,22 +107,27 @@ def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float]
                 lr = lrs[(width, variant.name)]
                 stable = Run(study, variant, seed, None, tag=width, suffix="-stable")  # for its name
                 stable_dir = (study_dir / "runs" / stable.name).resolve()
+                chain = []
                 for tpp, budget in zip(budgets, steps):
+                    level = []
                     start = cooldown_start(update(study.base, {"train": {"max_steps": budget}}).train)
                     common = update_nested(_width_changes(width), {"train": {"lr": lr, "min_lr": lr * study.min_lr_ratio}})
                     if start > 0:
-                        runs.append(Run(study, variant, seed, None, update_nested(common, {"train": {
+                        level.append(Run(study, variant, seed, None, update_nested(common, {"train": {
                             "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
                             "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
                             labels={"stage": "stable", "width": width}, group=stable.name))
                     branch = {"max_steps": budget, "eval_every": budget}
                     if start > 0:
                         branch["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
-                    runs.append(Run(study, variant, seed, None, update_nested(common, {"train": branch}),
-                                    tag=f"{width}-tpp{tpp:g}",
-                                    labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget},
-                                    group=stable.name))
-    return runs
+                    level.append(Run(study, variant, seed, None, update_nested(common, {"train": branch}),
+                                     tag=f"{width}-tpp{tpp:g}",
+                                     labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget},
+                                     group=stable.name))
+                    chain.append(level)
+                chains.append(chain)
+    return [run for level in range(max(map(len, chains))) for chain in chains if level < len(chain)
+            for run in chain[level]]
 
 
 def update_nested(raw: dict, more: dict) -> dict:
