@@ -8,11 +8,13 @@ at the answer positions, so loss and accuracy count answers only. Token 0 is pad
 - mqar: multi-query associative recall (Zoology, Arora et al. 2023). `pairs` key-value pairs
   k1 v1 ... kN vN (distinct keys), then queries: a stored key, whose value is the answer (it follows as the
   next input). Keys and values come from two vocabularies of `vocab` tokens each.
-- lookup: recall through a nonlinear key. Stored pairs as in mqar, but a query names its key by two
+- lookup: recall through a two-token name. Stored pairs as in mqar, but a query names its key by two
   attribute tokens (a, b), and the key is T[a, b] for a fixed random table T (a bijection from A x B
-  attribute pairs onto the A * B = `vocab` keys). Which key to match is a non-additive function of the two
-  query tokens: a linear W_Q sees a + b and can only score keys additively in them, so it needs the layers
-  below (an MLP) to compute T; a nonlinear query can compute it itself.
+  attribute pairs onto the A * B = `vocab` keys). The query must first gather both name tokens (a layer
+  of composition more than mqar). Which key T[a, b] is, is a non-additive function of (a, b), but a key
+  token's embedding can carry its own two attributes, so an additive score [a = a'] + [b = b'] (within a
+  linear W_Q's reach) already singles out the right key: the task does not force a nonlinear query, it
+  gives one room to help.
 - selective-copy: `pairs` data tokens (from `vocab`) scattered among noise tokens; after a separator, copy
   them in order (Mamba, Gu & Dao 2023).
 """
