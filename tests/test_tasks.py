@@ -101,3 +101,18 @@ def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert steps_to_solve(tmp_path) == 200 and steps_to_solve(tmp_path, 0.99) == 400
     assert steps_to_solve(tmp_path, 0.999) is None and steps_to_solve(tmp_path / "missing") is None
+
+
+def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
+    from nlq.probes import _pooled_rows
+
+    def run(variant, seed, width, steps):
+        return {"task": "mqar-2", "width": width, "seed": seed, "variant": variant, "steps_to_solve": steps}
+
+    runs = [run("linear", s, w, 900 if (s, w) == (1, 32) else None) for s in (1, 2, 3) for w in (32, 64)]
+    runs += [run("identity", s, w, 100 * s) for s in (1, 2, 3) for w in (32, 64)]  # solves all 6
+    runs += [run("nonlinear", s, w, None) for s in (1, 2, 3) for w in (32, 64)]  # solves none
+    rows = _pooled_rows("mqar-2", runs, ["linear", "identity", "nonlinear"])
+    assert rows[0] == "| mqar-2 | linear | 1/6 | | | | 900 |"
+    assert rows[1] == "| mqar-2 | identity | 6/6 | 5 | 0 | 0.0625 | 200 |"  # 5 discordant wins: p = 2 / 2^5
+    assert rows[2] == "| mqar-2 | nonlinear | 0/6 | 0 | 1 | 1 | - |"

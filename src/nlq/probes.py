@@ -104,6 +104,16 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
                 if mine:
                     cells[(task, width, variant)] = [r["val_acc"] for r in mine]
                     lines.append(_probe_row(task, width, variant, mine, base))
+    lines += ["", f"## Solved or not, pooled over widths (paired by task, width and seed)", "",
+              f"Final accuracy is nearly all-or-nothing (a run either forms the recall mechanism or stays on the plateau), "
+              "so a 3-seed t interval per cell says little. Pooled over a task's widths (and over all tasks), each "
+              "variant's runs are paired with `linear`'s of the same task, width and seed: how often one solved it "
+              f"(held-out accuracy >= {THRESHOLD:.0%} at some evaluation) and the other did not, with an exact two-sided "
+              "sign test on those discordant pairs.", "",
+              "| tasks | variant | runs solved | solved, linear not | linear solved, variant not | sign test p | "
+              "median step reaching it (solved runs) |", "|---|---|---|---|---|---|---|"]
+    for scope in [*dict.fromkeys(r["task"] for r in runs), "all"]:
+        lines += _pooled_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], variants)
     lines += ["", f"Plots: `probes_accuracy.png` (final held-out accuracy against width, a line per variant, band = "
               "min..max over seeds); `probes_curves.png` (held-out accuracy over training steps, mean over seeds, "
               "a panel per task and width).", ""]
@@ -133,6 +143,29 @@ def _probe_row(task: str, width: int, variant: str, mine: list[dict], base: dict
     loss = paired_difference([a["val_loss"] for a, _ in pairs], [b["val_loss"] for _, b in pairs])
     interval = f"[{acc['low']:+.3f}, {acc['high']:+.3f}]" if not math.isnan(acc["low"]) else "n/a"
     return row + f" | {acc['mean']:+.3f} | {interval} | {loss['mean']:+.4f} | {loss['verdict']} |"
+
+
+def _pooled_rows(scope: str, runs: list[dict], variants: list[str]) -> list[str]:
+    from scipy.stats import binomtest
+
+    solved = {(r["task"], r["width"], r["seed"], r["variant"]): r["steps_to_solve"] is not None for r in runs}
+    steps = {v: sorted(r["steps_to_solve"] for r in runs if r["variant"] == v and r["steps_to_solve"] is not None)
+             for v in variants}
+    rows = []
+    for variant in variants:
+        mine = [key for key in solved if key[3] == variant]
+        if not mine:
+            continue
+        median = f"{steps[variant][len(steps[variant]) // 2]:,}" if steps[variant] else "-"
+        row = f"| {scope} | {variant} | {sum(solved[k] for k in mine)}/{len(mine)} |"
+        pairs = [(solved[k], solved[(*k[:3], "linear")]) for k in mine if (*k[:3], "linear") in solved]
+        if variant == "linear" or not pairs:
+            rows.append(row + f" | | | {median} |")
+            continue
+        wins, losses = sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
+        p = binomtest(wins, wins + losses).pvalue if wins + losses else 1.0
+        rows.append(row + f" {wins} | {losses} | {p:.3g} | {median} |")
+    return rows
 
 
 def _plot_curves(path: Path, study_dir: Path, runs: list[dict], variants: list[str]) -> None:
