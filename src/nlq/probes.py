@@ -221,7 +221,9 @@ def _plot_accuracy(path: Path, cells: dict, variants: list[str]) -> None:
             widths = [w for w, _ in points]
             line, = ax.plot(widths, [sum(a) / len(a) for _, a in points], marker="o", label=variant)
             ax.fill_between(widths, [min(a) for _, a in points], [max(a) for _, a in points], color=line.get_color(), alpha=0.15)
-        ax.set(xscale="log", xlabel="width d", ylabel="held-out accuracy", title=task, ylim=(0, 1.02))
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
+        ax.set(xlabel="width d", ylabel="held-out accuracy", title=task, ylim=(0, 1.02))
         ax.set_xticks(sorted({w for t, w, _ in cells if t == task}), labels=[str(w) for w in sorted({w for t, w, _ in cells if t == task})])
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)

@@ -1,0 +1,47 @@
+"""Copy a study's small files into the repository (results/NAME), enough for `nlq report` to regenerate its
+report from them: study.json, report.md, results.csv, plots, and per finished run config.json, summary.json
+and metrics.jsonl thinned to its evaluations plus every `--every`-th training step. No checkpoints or weights.
+
+    python scripts/collect_results.py STUDY_DIR results/NAME [--every 100]
+"""
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+
+def thin(source: Path, every: int) -> str:
+    keep = []
+    for line in source.read_text().splitlines():
+        row = json.loads(line)
+        if any(k.startswith("val_") for k in row) or row.get("step", 0) % every == 0:
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("study_dir", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--every", type=int, default=100)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for path in args.study_dir.iterdir():
+        if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith("."):
+            shutil.copy2(path, args.out / path.name)
+    copied = 0
+    for run in sorted((args.study_dir / "runs").iterdir()):
+        if not (run / "summary.json").is_file():
+            continue
+        target = args.out / "runs" / run.name
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "summary.json"):
+            shutil.copy2(run / name, target / name)
+        (target / "metrics.jsonl").write_text(thin(run / "metrics.jsonl", args.every))
+        copied += 1
+    print(f"{copied} finished runs of {args.study_dir} -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
