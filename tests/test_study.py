@@ -261,3 +261,25 @@ def test_bad_shard_is_a_clear_error(text):
 
     with pytest.raises(UserError, match="K/N"):
         parse_shard(text)
+
+
+def test_a_shard_waits_while_another_prepares_the_study_data(tmp_path, monkeypatch):
+    from nlq import study as study_module
+    from nlq.data import shards
+    from nlq.lock import LockHeld
+
+    calls, messages = [], []
+
+    def busy_then_ready(source, tokenizer, out, val_fraction, log):
+        calls.append(out)
+        if len(calls) == 1:
+            raise LockHeld("data directory is in use by another nlq process")
+
+    monkeypatch.setattr(shards, "prepare", busy_then_ready)
+    monkeypatch.setattr(study_module, "WAIT_POLL_S", 0.01)
+    study = get_study("cpu")
+    assert study_module.prepare_study_data(study, tmp_path, None, messages.append, wait_for_others=True) == tmp_path / "data"
+    assert len(calls) == 2 and "being prepared by another shard" in messages[0]
+    calls.clear()
+    with pytest.raises(LockHeld):  # not a shard: the one-line error, as before
+        study_module.prepare_study_data(study, tmp_path, None, messages.append)

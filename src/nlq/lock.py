@@ -15,6 +15,10 @@ from pathlib import Path
 from nlq.errors import UserError
 
 
+class LockHeld(UserError):
+    """Another live process holds the lock."""
+
+
 class DirectoryLock:
     def __init__(self, lock_path: Path, what: str):
         self.path, self.what, self.fd = Path(lock_path), what, None
@@ -27,7 +31,7 @@ class DirectoryLock:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise UserError(f"{self.what} is in use by another nlq process (pid {holder}); wait for it to finish "
+            raise LockHeld(f"{self.what} is in use by another nlq process (pid {holder}); wait for it to finish "
                             f"or stop it, then try again") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

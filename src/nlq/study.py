@@ -224,16 +224,27 @@ def run_finished(run_dir: Path, max_steps: int) -> bool:
         return False
 
 
-def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=print) -> Path | None:
+def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=print,
+                       wait_for_others: bool = False) -> Path | None:
+    """The study's data directory, prepared under study_dir/data unless data_dir is given. Shards
+    (wait_for_others) all call this: one prepares, the others wait for its lock and then find it ready."""
     if data_dir:
         return Path(data_dir)
     if study.data.source == "task":  # synthetic tasks are generated on the fly: nothing to prepare
         return None
     from nlq.data.shards import prepare
+    from nlq.lock import LockHeld
 
     out = study_dir / "data"
-    prepare(study.data.source, study.data.tokenizer, out, val_fraction=study.data.val_fraction, log=log)
-    return out
+    while True:
+        try:
+            prepare(study.data.source, study.data.tokenizer, out, val_fraction=study.data.val_fraction, log=log)
+            return out
+        except LockHeld:
+            if not wait_for_others:
+                raise
+            log(f"{out} is being prepared by another shard; waiting")
+            time.sleep(WAIT_POLL_S)
 
 
 def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
@@ -246,7 +257,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     study_dir = Path(study_dir)
     overrides = overrides or []
     study_dir.mkdir(parents=True, exist_ok=True)
-    data = prepare_study_data(study, study_dir, data_dir, log)
+    data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
     done_dirs, started, recorded = [], time.perf_counter(), []
     for stage in study.run_stages(study_dir):
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
