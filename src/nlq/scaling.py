@@ -268,11 +268,16 @@ def _plot_deltas(path: Path, deltas: dict) -> None:
         x = [tpp for tpp, _ in points]
         style = "-" if variant == "nonlinear" else "--"
         line, = ax.plot(x, [p["mean"] for _, p in points], style, marker="o", label=f"{variant}, {width}")
-        low, high = [p["low"] for _, p in points], [p["high"] for _, p in points]
-        if not any(math.isnan(v) for v in low):
-            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
+        banded = [(tpp, p) for tpp, p in points if not math.isnan(p["low"])]  # one-seed points have no band
+        if banded:
+            ax.fill_between([t for t, _ in banded], [p["low"] for _, p in banded], [p["high"] for _, p in banded],
+                            color=line.get_color(), alpha=0.15)
     ax.axhline(0.0, color="k", lw=0.8)
-    ax.set(xscale="log", xlabel="training tokens per non-embedding parameter",
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    budgets = sorted({tpp for _, _, tpp in deltas})
+    ax.set_xticks(budgets, labels=[f"{t:g}" for t in budgets])
+    ax.set(xlabel="training tokens per non-embedding parameter",
            ylabel="Δ val loss vs linear (nats; < 0 is better)", title="scaling: paired Δ with 95% interval")
     ax.grid(alpha=0.3)
     if deltas:
