@@ -58,16 +58,19 @@ def probe_runs(study: Study) -> list[Run]:
     return runs
 
 
-def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD) -> int | None:
-    """The first evaluated step whose held-out accuracy reaches threshold; None if none did."""
+def held_out_curve(run_dir: Path) -> dict[int, float]:
+    """step -> held-out accuracy at each evaluation of a run ({} without metrics)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        return None
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row.get("val_acc") is not None and row["val_acc"] >= threshold:
-            return int(row["step"])
-    return None
+        return {}
+    rows = (json.loads(line) for line in path.read_text().splitlines())
+    return {int(r["step"]): r["val_acc"] for r in rows if r.get("val_acc") is not None}
+
+
+def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD, curve: dict[int, float] | None = None) -> int | None:
+    """The first evaluated step whose held-out accuracy reaches threshold; None if none did."""
+    curve = held_out_curve(run_dir) if curve is None else curve
+    return next((step for step, acc in sorted(curve.items()) if acc >= threshold), None)
 
 
 def probes() -> Study:
@@ -84,7 +87,8 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
 
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "probe"]
     for r in runs:
-        r["steps_to_solve"] = steps_to_solve(study_dir / "runs" / r["name"])
+        r["curve"] = held_out_curve(study_dir / "runs" / r["name"])
+        r["steps_to_solve"] = steps_to_solve(study_dir / "runs" / r["name"], curve=r["curve"])
     variants = [v["name"] for v in study["variants"]]
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
              f"Held-out accuracy on the answer positions at the end of training (mean ± std over seeds); the step at "
@@ -118,7 +122,7 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
               "min..max over seeds); `probes_curves.png` (held-out accuracy over training steps, mean over seeds, "
               "a panel per task and width).", ""]
     _plot_accuracy(study_dir / "probes_accuracy.png", cells, variants)
-    _plot_curves(study_dir / "probes_curves.png", study_dir, runs, variants)
+    _plot_curves(study_dir / "probes_curves.png", runs, variants)
     write_runs_csv(study_dir / "results.csv", runs,
                    ["name", "task", "width", "variant", "seed", "val_acc", "val_loss", "steps_to_solve"])
     markdown = "\n".join(lines)
@@ -168,7 +172,7 @@ def _pooled_rows(scope: str, runs: list[dict], variants: list[str]) -> list[str]
     return rows
 
 
-def _plot_curves(path: Path, study_dir: Path, runs: list[dict], variants: list[str]) -> None:
+def _plot_curves(path: Path, runs: list[dict], variants: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,8 +192,7 @@ def _plot_curves(path: Path, study_dir: Path, runs: list[dict], variants: list[s
             curves = []
             for r in runs:
                 if (r["task"], r["width"], r["variant"]) == (task, width, variant):
-                    points = [json.loads(line) for line in (study_dir / "runs" / r["name"] / "metrics.jsonl").read_text().splitlines()]
-                    curves.append({int(p["step"]): p["val_acc"] for p in points if p.get("val_acc") is not None})
+                    curves.append(r["curve"])
             if not curves:
                 continue
             steps = sorted(set.intersection(*(set(c) for c in curves)))
