@@ -6,6 +6,7 @@ A user mistake (bad flag, value, path, file) exits with status 2 and a one-line 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from nlq.errors import UserError
@@ -324,9 +325,13 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
     except UserError as e:
-        from nlq.training.trainer import TrainingError
+        from nlq.training.trainer import PeerFailure, TrainingError
 
         print(f"nlq {args.command}: error: {e}", file=sys.stderr)
+        if isinstance(e, PeerFailure):  # a broken process group can hang a normal exit (PeerFailure's docstring)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         sys.exit(1 if isinstance(e, TrainingError) else 2)
     except KeyboardInterrupt:
         print(f"nlq {args.command}: interrupted", file=sys.stderr)

@@ -42,6 +42,12 @@ class TrainingError(UserError):
     """Training cannot go on (a non-finite loss); the message names the step and the last good checkpoint."""
 
 
+class PeerFailure(TrainingError):
+    """A collective failed because another process died or hung. The process group is left as it is: its worker
+    threads may still wait on the dead peer, so destroying it, or a normal interpreter exit, can hang; the command
+    line ends the process with os._exit after reporting (checkpoints and records are complete files by then)."""
+
+
 @dataclass(frozen=True)
 class BatchSpec:
     global_rows: int  # context windows per optimizer step, over all ranks
@@ -283,6 +289,7 @@ def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: b
     run_dir = Path(run_dir)
     lock = (DirectoryLock(run_dir.parent / f".{run_dir.name}.lock", f"run directory {run_dir}") if env.is_main
             else contextlib.nullcontext())
+    peer_failed = False
     try:
         with lock:  # one writer per run directory, for the life of this process
             if env.is_main:  # leftovers of a killed process: half-written checkpoints and records
@@ -292,11 +299,13 @@ def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: b
     except RuntimeError as e:  # a peer died or hung: the collective failed, or timed out after dist.timeout_s
         if not (env.distributed and distributed.is_collective_failure(e)):
             raise
-        raise TrainingError(f"rank {env.rank}: a collective operation failed ({str(e).splitlines()[0][:160]}); another "
+        peer_failed = True
+        raise PeerFailure(f"rank {env.rank}: a collective operation failed ({str(e).splitlines()[0][:160]}); another "
                             f"process died or stopped answering (dist.timeout_s={config.dist.timeout_s}); resume from "
                             f"the last checkpoint once all processes are healthy") from None
     finally:
-        distributed.shutdown(env)
+        if not peer_failed:
+            distributed.shutdown(env)
 
 
 class Trainer:
