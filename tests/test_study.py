@@ -192,6 +192,49 @@ def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path, mo
     assert not [m for m in messages if m.startswith("[") and "skipped" not in m]
 
 
+def test_tpp_trend_is_the_mean_of_per_seed_slopes_against_log2_tokens():
+    from nlq.scaling import tpp_trends
+
+    def row(variant, seed, tpp, loss):
+        return {"width": "d8", "variant": variant, "seed": seed, "tpp": tpp, "val_loss": loss}
+
+    rows = []
+    for seed, slope in ((1, 0.01), (2, 0.03)):  # Δ = slope * log2(tpp) + seed offset, exactly
+        for tpp in (2, 4, 16):
+            rows += [row("linear", seed, tpp, 5.0 - tpp / 10), row("nonlinear", seed, tpp, 5.0 - tpp / 10 + seed / 100
+                                                                                    + slope * math.log2(tpp))]
+    rows += [row("linear", 3, 2, 5.0), row("linear", 3, 4, 5.0), row("nonlinear", 3, 2, 9.0), row("nonlinear", 3, 4, 9.0)]
+    trend = tpp_trends(rows, ["linear", "nonlinear"])[("d8", "nonlinear")]
+    assert trend["n"] == 2  # seed 3 has two budgets: too few for a slope, left out
+    assert trend["mean"] == pytest.approx(0.02) and trend["span"] == "2-16"
+    assert trend["low"] < 0.02 < trend["high"] and trend["verdict"] == "within noise"
+    assert tpp_trends(rows, ["linear", "nonlinear"], min_points=4) == {}
+
+
+def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_path, monkeypatch):
+    from nlq import scaling
+    from nlq import study as study_module
+
+    monkeypatch.setattr(scaling, "WIDTHS", {"d16": (dict(n_layer=1, n_head=2, n_embd=16), [4, 8, 16], [1e-3], 4)})
+    monkeypatch.setattr(scaling, "SHARED_LR_BUDGETS", {"d16": [4, 8]})
+    trained = []
+
+    def fake_train(config, run_dir):
+        trained.append(config)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps({"final_step": config.train.max_steps, "val_loss": 1.0,
+                                                          "tokens_per_s": 1.0}))
+
+    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    study = study_module.get_study("scaling-shared-lr")
+    run_study(study, tmp_path, ["--model.vocab_size=257", "--model.block_size=32", "--train.batch_size=4"],
+              data_dir=str(byte_data), log=lambda *_: None)
+    assert {c.model.query for c in trained} == {"linear", "nonlinear"} and {c.model.mlp_ratio for c in trained} == {4.0}
+    assert {c.train.lr for c in trained} == {scaling.SHARED_LR}
+    budgets = [r for r in json.loads((tmp_path / "study.json").read_text())["runs"] if r["stage"] == "budget"]
+    assert sorted({r["tpp"] for r in budgets}) == [4, 8] and len(budgets) == 2 * 2 * len(scaling.SEEDS)
+
+
 def test_paired_curve_is_the_per_step_paired_difference():
     from nlq.report import RunResult, paired_curve
 

@@ -94,12 +94,16 @@ def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
     return {key: lr for key, (lr, _) in best.items()}
 
 
-def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float]) -> list[Run]:
+def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float],
+                budgets_by_width: dict[str, list[float]] | None = None) -> list[Run]:
     """Per (width, seed, variant) chain: a stable segment to each budget's cooldown start, then that budget's
     branch. Budget-major order: every chain reaches a budget before any goes on to the next, so a study cut
-    short has all seeds and variants of its smaller budgets (each chain's runs stay in order)."""
+    short has all seeds and variants of its smaller budgets (each chain's runs stay in order).
+    budgets_by_width: the widths and budgets to run (default: all of WIDTHS)."""
     chains = []
-    for width, (_, budgets, _, _) in WIDTHS.items():
+    if budgets_by_width is None:
+        budgets_by_width = {width: budgets for width, (_, budgets, _, _) in WIDTHS.items()}
+    for width, budgets in budgets_by_width.items():
         steps = [budget_steps(study.base, width, tpp) for tpp in budgets]
         longest = max(steps)
         for seed in SEEDS:
@@ -145,6 +149,26 @@ def scaling() -> Study:
         sweep = sweep_runs(study)
         yield sweep
         yield budget_runs(study, study_dir, best_lrs(study_dir, sweep))
+
+    study.stages = stages
+    return study
+
+
+SHARED_LR = 2e-3  # the swept best of linear and linear-mlp4.75 at both widths
+SHARED_LR_BUDGETS = {"d64": [2, 5, 10, 20]}
+
+
+def scaling_shared_lr() -> Study:
+    """The lr control for `scaling`: there each variant trains at its own swept lr (d 64: nonlinear 8e-3,
+    linear 2e-3, from one seed), so a trend in Δ with tokens may come from the lr, not the query. Here linear
+    and nonlinear share one peak lr, with the same budgets, seeds, corpus and WSD branches as `scaling`."""
+    study = Study("scaling-shared-lr", f"the scaling study's d64 budgets with linear and nonlinear at one peak lr "
+                  f"({SHARED_LR:g}): is the trend the query's or the lr's?", base(), VARIANTS[:2], seeds=SEEDS,
+                  data=DATA, report="scaling")
+
+    def stages(study_dir: Path):
+        lrs = {(width, v.name): SHARED_LR for width in SHARED_LR_BUDGETS for v in study.variants}
+        yield budget_runs(study, study_dir, lrs, SHARED_LR_BUDGETS)
 
     study.stages = stages
     return study
@@ -213,6 +237,18 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
                 interval = f"[{p['low']:+.4f}, {p['high']:+.4f}]" if not math.isnan(p["low"]) else "n/a"
                 lines.append(f"| {width} | {tpp:g} | {cell[0]['tokens']:,} | {base_text} | {variant} | "
                              f"{p['n']} | {p['mean']:+.4f} | {interval} | {p['verdict']} |")
+    lines += ["", "## Trend: Δ per doubling of tokens per parameter", "",
+              "Per seed, the least-squares slope of that seed's Δ against log2(tokens per parameter) over its finished "
+              "budgets (at least 3); the mean over seeds with a 95% t interval. Below 0: the variant gains on linear "
+              "as tokens grow.", "",
+              "| width | variant | budgets (tokens/param) | seeds | Δ per doubling | 95% interval | reading |",
+              "|---|---|---|---|---|---|---|"]
+    for (width, variant), trend in tpp_trends(budgets, variants).items():
+        interval = f"[{trend['low']:+.4f}, {trend['high']:+.4f}]" if not math.isnan(trend["low"]) else "n/a"
+        reading = {"better": "gains as tokens grow", "worse": "loses as tokens grow",
+                   "within noise": "no trend beyond noise"}.get(trend["verdict"], trend["verdict"])
+        lines.append(f"| {width} | {variant} | {trend['span']} | {trend['n']} | {trend['mean']:+.4f} | {interval} | "
+                     f"{reading} |")
     lines += ["", "Plot: `scaling_delta.png` (mean Δ with its 95% interval band against tokens per parameter).", ""]
     _plot_deltas(study_dir / "scaling_delta.png", deltas)
     write_runs_csv(study_dir / "results.csv", runs, ["name", "stage", "width", "tpp", "variant", "lr", "seed", "tokens",
@@ -222,6 +258,35 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
     return markdown
 
 
+def tpp_trends(budgets: list[dict], variants: list[str], min_points: int = 3) -> dict[tuple[str, str], dict]:
+    """(width, variant) -> the paired slope of Δ val loss (variant - linear) per doubling of tokens per
+    parameter: one least-squares slope per seed over the budgets where both runs finished, then
+    paired_difference of the slopes against 0 (mean, 95% interval, verdict; 'better' = Δ falls with tokens).
+    A seed with fewer than min_points budgets is left out; also holds 'span', the budgets used."""
+    import numpy as np
+
+    from nlq.report import paired_difference
+
+    loss = {(r["width"], r["variant"], r["seed"], r["tpp"]): r["val_loss"] for r in budgets}
+    trends = {}
+    for width in dict.fromkeys(r["width"] for r in budgets):
+        for variant in variants[1:]:
+            slopes, used = [], set()
+            for seed in sorted({r["seed"] for r in budgets if r["width"] == width}):
+                points = sorted((tpp, loss[(width, variant, seed, tpp)] - loss[(width, "linear", seed, tpp)])
+                                for (w, v, s, tpp) in loss if (w, v, s) == (width, variant, seed)
+                                and (width, "linear", seed, tpp) in loss)
+                if len(points) < min_points:
+                    continue
+                slopes.append(float(np.polyfit(np.log2([t for t, _ in points]), [d for _, d in points], 1)[0]))
+                used.update(t for t, _ in points)
+            if slopes:
+                span = sorted(used)
+                trends[(width, variant)] = paired_difference(slopes, [0.0] * len(slopes)) | {
+                    "span": f"{span[0]:g}-{span[-1]:g}"}
+    return trends
+
+
 def _std(values: list[float]) -> float:
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
@@ -229,7 +294,7 @@ def _std(values: list[float]) -> float:
 
 def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
     if not sweep:
-        return ["No lr-sweep run has finished yet."]
+        return ["No lr-sweep run has finished yet (or the study has no sweep: see its description)."]
     lines = ["| width | variant | " + " | ".join(f"lr {lr:g}" for lr in sorted({r['lr'] for r in sweep})) + " | best lr |",
              "|---|---|" + "---|" * (len({r["lr"] for r in sweep}) + 1)]
     best_by_width: dict[str, set] = {}
@@ -238,7 +303,7 @@ def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
             cells = {r["lr"]: r["val_loss"] for r in sweep if r["width"] == width and r["variant"] == variant}
             if not cells:
                 continue
-            best = min(cells, key=cells.get)
+            best = _best(sweep, width, variant)
             best_by_width.setdefault(width, set()).add(best)
             row = " | ".join(f"{cells[lr]:.4f}" if lr in cells else "" for lr in sorted({r['lr'] for r in sweep}))
             lines.append(f"| {width} | {variant} | {row} | {best:g} |")
@@ -251,7 +316,18 @@ def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
             continue
         lines.append(f"- {width}: the best lr is {'the same for every variant' if len(best) == 1 else 'not the same for every variant'} "
                      f"({', '.join(f'{b:g}' for b in sorted(best))}); one seed, so a difference of one grid step can be noise.")
+        grid = sorted({r["lr"] for r in sweep if r["width"] == width})
+        edge = [v for v in variants if any(r["variant"] == v and r["width"] == width for r in sweep)
+                and _best(sweep, width, v) in (grid[0], grid[-1])]
+        if edge and len(grid) > 2:
+            lines.append(f"- {width}: the best lr of {', '.join(edge)} is at the edge of the swept grid "
+                         f"({grid[0]:g}-{grid[-1]:g}); its optimum may lie beyond it.")
     return lines
+
+
+def _best(sweep: list[dict], width: str, variant: str) -> float:
+    cells = {r["lr"]: r["val_loss"] for r in sweep if r["width"] == width and r["variant"] == variant}
+    return min(cells, key=cells.get)
 
 
 def _plot_deltas(path: Path, deltas: dict) -> None:

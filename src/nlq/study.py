@@ -195,6 +195,12 @@ def scaling() -> Study:
     return scaling()
 
 
+def scaling_shared_lr() -> Study:
+    from nlq.scaling import scaling_shared_lr
+
+    return scaling_shared_lr()
+
+
 def probes() -> Study:
     from nlq.probes import probes
 
@@ -202,7 +208,7 @@ def probes() -> Study:
 
 
 STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper, "encoder": encoder, "kvo": kvo, "scaling": scaling,
-           "probes": probes}
+           "scaling-shared-lr": scaling_shared_lr, "probes": probes}
 
 
 def get_study(name: str) -> Study:
