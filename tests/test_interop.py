@@ -266,7 +266,17 @@ def test_untrusted_checkpoint_never_runs_code(tmp_path):
     result = subprocess.run([sys.executable, "-m", "nlq", "import-checkpoint", str(tmp_path / "ckpt.pt"), "--out",
                              str(tmp_path / "run")], capture_output=True, text=True)
     assert result.returncode == 2 and "pwned" not in result.stdout + result.stderr
-    assert "cannot read" in result.stderr and "Traceback" not in result.stderr
+    assert "does not unpickle" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("content, message", [(b"not a checkpoint at all", "is not a PyTorch checkpoint"),
+                                              (b"PK\x03\x04 truncated zip", "truncated or corrupt")])
+def test_a_file_that_is_no_checkpoint_is_a_one_line_error(tmp_path, content, message):
+    (tmp_path / "ckpt.pt").write_bytes(content)
+    result = subprocess.run([sys.executable, "-m", "nlq", "import-checkpoint", str(tmp_path / "ckpt.pt"), "--out",
+                             str(tmp_path / "run")], capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 # ---- retrofitting transformers models ----------------------------------------------------------------------

@@ -299,6 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_output_dirs(args: argparse.Namespace) -> None:
+    """An output directory that names an existing file is a one-line error before any work."""
+    from pathlib import Path
+
+    for flag, path in (("--out", getattr(args, "out", None)), ("OUT_DIR", getattr(args, "out_dir", None))):
+        if path and Path(path).exists() and not Path(path).is_dir():
+            raise UserError(f"{flag} {path} is a file, not a directory; choose a directory path (new or existing)")
+
+
 def main(argv: list[str] | None = None) -> None:
     sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
     parser = build_parser()
@@ -307,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.field=value)")
     try:
+        _check_output_dirs(args)
         args.func(args, rest)
     except ModuleNotFoundError as e:
         extra = OPTIONAL_PACKAGES.get((e.name or "").split(".")[0])

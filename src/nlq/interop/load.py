@@ -8,6 +8,7 @@ torch.load(weights_only=True); nothing from an untrusted file is executed.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -19,11 +20,20 @@ PAPER_MODES = {"original": "linear", "identity": "identity", "residual": "residu
 
 
 def _torch_load(path: Path) -> dict:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save: a zip archive (or a legacy pickle)
+        raise UserError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive); give the ckpt.pt "
+                        f"file, or a Hugging Face model directory")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UserError(f"{path} holds Python objects other than tensors and plain containers, which nlq does not "
+                        f"unpickle (weights_only=True; {str(e).splitlines()[0][:80]}); load it in code you trust and "
+                        f"torch.save its state_dict") from None
     except Exception as e:
-        raise UserError(f"cannot read {path} safely ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-                        f"only plain tensors and containers load (weights_only)") from None
+        raise UserError(f"cannot read {path} ({type(e).__name__}: {str(e).splitlines()[0][:160]}); the file may be "
+                        f"truncated or corrupt") from None
 
 
 # ---- Hugging Face GPT-2 ----------------------------------------------------------------------------------
