@@ -59,6 +59,8 @@ BAD_INPUTS = [
                                           "--model.n_layer=1e6"], "lower model.n_layer"),
     ("zero-width MLP", lambda d, r, t: ["info", "nano", "--model.mlp_ratio=0.001"], "0 hidden units"),
     ("unknown key", lambda d, r, t: ["info", "nano", "--model.widht=3"], "unknown config key model.widht"),
+    ("non-positive rope base", lambda d, r, t: ["info", "nano", "--model.position=rope", "--model.rope_theta=-1"],
+     "model.rope_theta=-1.0 must be > 0"),
     ("wrong type", lambda d, r, t: ["info", "nano", "--model.n_layer=two"], "model.n_layer='two' is not a valid int"),
     ("infinite lr on the command line", lambda d, r, t: ["info", "nano", "--train.lr=inf"], "train.lr='inf'"),
     ("infinite lr in YAML", lambda d, r, t: ["info", "nano", "--config", yaml_file(t, "train:\n  lr: .inf\n")],

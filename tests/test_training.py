@@ -197,6 +197,7 @@ def test_cli_resume_continues_with_saved_config(trained_run, byte_data, tmp_path
     (["train", "--data", "{tmp}/nowhere", "--out", "{tmp}/r"], "not a prepared data directory"),
     (["eval", "{tmp}/missing"], "does not exist"),
     (["eval", "{tmp}/corrupt.pt"], "is corrupt or not an nlq checkpoint"),
+    (["eval", "{tmp}/truncated.pt"], "is corrupt or not an nlq checkpoint"),
     (["sample", "{run}", "--prompt", ""], "the prompt is empty"),
     (["sample", "{run}", "--prompt", "\udcff"], "not valid UTF-8"),
     (["eval", "{run}", "--text", "{tmp}/none.txt"], "does not exist"),
@@ -204,6 +205,7 @@ def test_cli_resume_continues_with_saved_config(trained_run, byte_data, tmp_path
 ])
 def test_cli_bad_input_is_one_line(trained_run, byte_data, tmp_path, args, needle):
     (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "truncated.pt").write_bytes(b"PK\x03\x04 then nothing")
     args = [a.format(data=byte_data, tmp=tmp_path, run=trained_run) for a in args]
     env = dict(os.environ)
     result = subprocess.run([sys.executable, "-m", "nlq", *args], capture_output=True, env=env,
@@ -251,3 +253,9 @@ def test_wsd_cooldown_branched_from_a_stable_run_equals_a_straight_run(byte_data
                                                                n_embd=32), resume_from=str(tmp_path / "stable"))
     with pytest.raises(UserError, match="model config differs .*model.query"):
         train(other, tmp_path / "wrong", quiet=True)
+
+
+def test_the_checkpoints_folder_resolves_to_the_runs_latest_checkpoint(trained_run):
+    from nlq.training.checkpoint import latest_checkpoint, resolve_checkpoint
+
+    assert resolve_checkpoint(trained_run / "checkpoints") == latest_checkpoint(trained_run) is not None

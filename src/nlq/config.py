@@ -110,6 +110,7 @@ class ModelConfig:
         _one_of("model", "attn_impl", self.attn_impl, ATTN_IMPLS)
         _check(self.norm_eps > 0, f"model.norm_eps={self.norm_eps} must be > 0")
         _one_of("model", "position", self.position, POSITIONS)
+        _check(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be > 0 (RoPE's base wavelength, e.g. 10000)")
         _check(self.position != "rope" or self.head_size % 2 == 0,
                f"model.position=rope needs an even head size (n_embd / n_head = {self.head_size})")
         kv = self.kv_heads

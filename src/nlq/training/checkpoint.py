@@ -166,6 +166,8 @@ def resolve_checkpoint(path_or_run: str | Path) -> Path:
     path = Path(path_or_run)
     if path.is_dir():
         found = latest_checkpoint(path)
+        if found is None and path.name == "checkpoints":  # the run's checkpoint folder itself
+            found = latest_checkpoint(path.parent)
         if found is None:
             raise UserError(f"{path} holds no checkpoint (looked in {checkpoint_dir(path)})")
         return found
@@ -178,6 +180,11 @@ def load_checkpoint(path: str | Path) -> dict:
     path = resolve_checkpoint(path)
     if path.suffix == ".safetensors":
         return load_model_only(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not (head.startswith(b"PK") or head[:1] == b"\x80"):  # torch.save writes a zip archive (legacy: a pickle)
+        raise UserError(f"checkpoint {path} is corrupt or not an nlq checkpoint (not a torch.save archive); give a "
+                        f"run directory, one of its checkpoints/step_*.pt or its model.safetensors")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or not a torch file
