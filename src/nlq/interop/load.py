@@ -20,9 +20,9 @@ PAPER_MODES = {"original": "linear", "identity": "identity", "residual": "residu
 
 
 def _torch_load(path: Path) -> dict:
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save: a zip archive (or a legacy pickle)
+    from nlq.training.checkpoint import looks_like_torch_file
+
+    if not looks_like_torch_file(path):
         raise UserError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive); give the ckpt.pt "
                         f"file, or a Hugging Face model directory")
     try:

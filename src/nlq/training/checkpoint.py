@@ -161,6 +161,13 @@ def load_model_only(path: Path) -> dict:
     return {"model": state, "step": int(metadata.get("step", 0)), "config": config, "path": str(path)}
 
 
+def looks_like_torch_file(path: Path) -> bool:
+    """Whether a file starts like torch.save output: a zip archive (or, from old torch, a pickle)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
 def resolve_checkpoint(path_or_run: str | Path) -> Path:
     """A checkpoint file, or the latest checkpoint of a run directory."""
     path = Path(path_or_run)
@@ -180,9 +187,7 @@ def load_checkpoint(path: str | Path) -> dict:
     path = resolve_checkpoint(path)
     if path.suffix == ".safetensors":
         return load_model_only(path)
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not (head.startswith(b"PK") or head[:1] == b"\x80"):  # torch.save writes a zip archive (legacy: a pickle)
+    if not looks_like_torch_file(path):
         raise UserError(f"checkpoint {path} is corrupt or not an nlq checkpoint (not a torch.save archive); give a "
                         f"run directory, one of its checkpoints/step_*.pt or its model.safetensors")
     try:
