@@ -298,12 +298,13 @@ def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
     lines = ["| width | variant | " + " | ".join(f"lr {lr:g}" for lr in sorted({r['lr'] for r in sweep})) + " | best lr |",
              "|---|---|" + "---|" * (len({r["lr"] for r in sweep}) + 1)]
     best_by_width: dict[str, set] = {}
+    best_of: dict[tuple[str, str], float] = {}
     for width in dict.fromkeys(r["width"] for r in sweep):
         for variant in variants:
             cells = {r["lr"]: r["val_loss"] for r in sweep if r["width"] == width and r["variant"] == variant}
             if not cells:
                 continue
-            best = _best(sweep, width, variant)
+            best = best_of[(width, variant)] = min(cells, key=cells.get)
             best_by_width.setdefault(width, set()).add(best)
             row = " | ".join(f"{cells[lr]:.4f}" if lr in cells else "" for lr in sorted({r['lr'] for r in sweep}))
             lines.append(f"| {width} | {variant} | {row} | {best:g} |")
@@ -317,17 +318,11 @@ def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
         lines.append(f"- {width}: the best lr is {'the same for every variant' if len(best) == 1 else 'not the same for every variant'} "
                      f"({', '.join(f'{b:g}' for b in sorted(best))}); one seed, so a difference of one grid step can be noise.")
         grid = sorted({r["lr"] for r in sweep if r["width"] == width})
-        edge = [v for v in variants if any(r["variant"] == v and r["width"] == width for r in sweep)
-                and _best(sweep, width, v) in (grid[0], grid[-1])]
+        edge = [v for v in variants if best_of.get((width, v)) in (grid[0], grid[-1])]
         if edge and len(grid) > 2:
             lines.append(f"- {width}: the best lr of {', '.join(edge)} is at the edge of the swept grid "
                          f"({grid[0]:g}-{grid[-1]:g}); its optimum may lie beyond it.")
     return lines
-
-
-def _best(sweep: list[dict], width: str, variant: str) -> float:
-    cells = {r["lr"]: r["val_loss"] for r in sweep if r["width"] == width and r["variant"] == variant}
-    return min(cells, key=cells.get)
 
 
 def _plot_deltas(path: Path, deltas: dict) -> None:
