@@ -148,6 +148,9 @@ class DataConfig:
     batch_mode: str = "random"  # "random": windows with replacement (the paper); "epoch": shuffled, non-overlapping
     eval_windows: int = 64  # size of the fixed eval set, in context windows
     eval_seed: int = 2357  # the eval windows depend on this alone, so every run sees the same ones
+    # "full": the final step is also scored on the whole val split (every non-overlapping window), recorded as
+    # full_val_loss (and full_val_bpb, full_val_tokens) beside the fixed windows' val_loss
+    final_eval: str = "windows"
     # A synthetic task generated on the fly instead of token shards (data/tasks.py): mqar, lookup, selective-copy
     task: str = ""
     task_vocab: int = 64  # keys and values each (mqar, lookup: a square), or data tokens (selective-copy)
@@ -157,6 +160,9 @@ class DataConfig:
         _one_of("data", "batch_mode", self.batch_mode, ("random", "epoch"))
         _one_of("data", "task", self.task, ("", "mqar", "lookup", "selective-copy"))
         _check(self.eval_windows > 0, f"data.eval_windows={self.eval_windows} must be > 0")
+        _one_of("data", "final_eval", self.final_eval, ("windows", "full"))
+        _check(not (self.task and self.final_eval == "full"),
+               f"data.final_eval=full scores a prepared val split, and data.task={self.task} has none; use windows")
 
 
 @dataclass

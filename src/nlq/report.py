@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from nlq.errors import UserError
+from nlq.studies.stats import paired_difference
 from nlq.training.logging import read_metrics
 
 
@@ -44,21 +45,6 @@ class RunResult:
 def relative_change(baseline: float, variant: float) -> float:
     """(baseline - variant) / baseline: positive means the variant is lower (better)."""
     return (baseline - variant) / baseline
-
-
-def paired_difference(variant: list[float], baseline: list[float], confidence: float = 0.95) -> dict:
-    """Mean of per-seed differences (variant - baseline) with a two-sided t interval and a verdict."""
-    from scipy import stats
-
-    d = np.asarray(variant, dtype=float) - np.asarray(baseline, dtype=float)
-    n = len(d)
-    mean = float(d.mean())
-    if n < 2:
-        return {"n": n, "mean": mean, "low": math.nan, "high": math.nan, "verdict": "one seed: no interval"}
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / math.sqrt(n))
-    low, high = mean - half, mean + half
-    verdict = "better" if high < 0 else "worse" if low > 0 else "within noise"
-    return {"n": n, "mean": mean, "low": low, "high": high, "verdict": verdict}
 
 
 def fit_loss_vs_params(params: list[float], losses: list[float]) -> tuple[float, float] | None:

@@ -53,7 +53,8 @@ class Study:
     # Studies whose later runs depend on earlier results (e.g. the lr an lr sweep picked) run in stages:
     # stages(study_dir) yields lists of runs, and each list is finished before the next is asked for.
     stages: Callable[[Path], Iterator[list[Run]]] | None = None
-    report: str = "comparison"  # which report nlq report writes: "comparison" or "scaling"
+    report: str = "comparison"  # which report nlq report writes: "comparison", "scaling", "probes" or "verdict"
+    settings: dict = field(default_factory=dict)  # the study's own design settings, written to study.json
 
     def runs(self) -> list[Run]:
         """Seed-major order, so an interrupted study has complete seeds to compare."""
@@ -67,9 +68,10 @@ class Study:
             yield from self.stages(study_dir)
 
     def describe(self) -> dict:
-        return {"name": self.name, "description": self.description, "baseline": self.baseline, "report": self.report,
-                "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
-                "variants": [dataclasses.asdict(v) for v in self.variants], "data": dataclasses.asdict(self.data)}
+        described = {"name": self.name, "description": self.description, "baseline": self.baseline,
+                     "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
+                     "variants": [dataclasses.asdict(v) for v in self.variants], "data": dataclasses.asdict(self.data)}
+        return described | ({"settings": self.settings} if self.settings else {})
 
 
 @dataclass(frozen=True)
@@ -207,8 +209,14 @@ def probes() -> Study:
     return probes()
 
 
+def verdict() -> Study:
+    from nlq.verdict import verdict
+
+    return verdict()
+
+
 STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper, "encoder": encoder, "kvo": kvo, "scaling": scaling,
-           "scaling-shared-lr": scaling_shared_lr, "probes": probes}
+           "scaling-shared-lr": scaling_shared_lr, "probes": probes, "verdict": verdict}
 
 
 def get_study(name: str) -> Study:
@@ -270,7 +278,8 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         recorded += [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
                      for r, c in zip(stage, configs)]
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
-                                        "data_meta": _data_meta(data) if data else None, "runs": recorded}
+                                        "data_meta": _data_meta(data) if data else None,
+                                        "code": code_versions(study_dir / "study.json"), "runs": recorded}
         _write_json(study_dir / "study.json", described)
         if shard is None:
             done_dirs += _run_stage(stage, configs, study_dir, log)
@@ -280,6 +289,30 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         _wait_for_others(stage, configs, study_dir, shard, log)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
     return done_dirs
+
+
+def code_version() -> str | None:
+    """The git commit of nlq's source tree ("+dirty" with uncommitted changes to it); None outside a git checkout."""
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=source, capture_output=True, text=True,
+                                timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if commit.returncode != 0:
+        return None
+    return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def code_versions(study_json: Path) -> list[str]:
+    """Every code version that has run this study: the ones study.json already records, then this one."""
+    try:
+        earlier = json.loads(study_json.read_text()).get("code") or []
+    except (OSError, json.JSONDecodeError, AttributeError):
+        earlier = []
+    now = code_version()
+    return list(earlier) + ([now] if now and now not in earlier else [])
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -108,6 +108,8 @@ class MetricsLogger:
                 line += f"  bpb {record['val_bpb']:.4f}"
             if record.get("val_acc") is not None:
                 line += f"  acc {record['val_acc']:.4f}"
+            if record.get("full_val_loss") is not None:
+                line += f"  whole val split: loss {record['full_val_loss']:.4f}"
             return line
         elapsed = time.perf_counter() - self.start_time
         done = step - self.start_step

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -197,6 +198,16 @@ def make_eval_set(config: RunConfig, data: TokenData) -> EvalSet:
     starts = eval_starts(data.val, context, config.data.eval_windows, config.data.eval_seed)
     return EvalSet(data.val, starts, context, config.train.objective, mask_id=data.vocab_size,
                    vocab_size=data.vocab_size, mask_prob=config.train.mask_prob, seed=config.data.eval_seed)
+
+
+def make_full_eval_set(config: RunConfig, data: TokenData) -> EvalSet:
+    """The whole val split as non-overlapping windows (every token but the last few scored once; a token's
+    context is what precedes it in its window)."""
+    context = config.model.block_size
+    starts = np.arange((len(data.val) - 1) // context, dtype=np.int64) * context
+    if not len(starts):
+        raise UserError(f"the val split has {len(data.val)} tokens, fewer than one window of {context + 1}")
+    return dataclasses.replace(make_eval_set(config, data), starts=starts)
 
 
 @torch.no_grad()
@@ -508,6 +519,18 @@ class Trainer:
         record = {"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700)), "val_acc": result["accuracy"]}
         if self.config.train.objective == "clm" and self.data is not None:  # bits per byte of text (not tasks); masked LM scores only 15% of it
             record["val_bpb"] = loss / math.log(2) / self.data.bytes_per_token("val")
+        if step == self.config.train.max_steps and self.config.data.final_eval == "full":
+            record |= self._full_eval_record()
+        return record
+
+    def _full_eval_record(self) -> dict:
+        """The final model on the whole val split (data.final_eval=full): keys full_val_*."""
+        eval_set = make_full_eval_set(self.config, self.data)
+        result = evaluate(self.train_model, eval_set, self.spec.micro_rows, self.env, self.dtype)
+        record = {"full_val_loss": result["loss"], "full_val_acc": result["accuracy"],
+                  "full_val_windows": len(eval_set.starts)}
+        if self.config.train.objective == "clm":
+            record["full_val_bpb"] = result["loss"] / math.log(2) / self.data.bytes_per_token("val")
         return record
 
     def _save(self, step: int) -> str:
@@ -533,6 +556,7 @@ class Trainer:
             "steps": self.config.train.max_steps, "final_step": final.get("step"),
             "val_loss": final.get("val_loss"), "val_ppl": final.get("val_ppl"), "val_bpb": final.get("val_bpb"),
             "val_acc": final.get("val_acc"), "objective": self.config.train.objective,
+            **{k: v for k, v in final.items() if k.startswith("full_val_")},
             "tokens": self.config.train.max_steps * self.spec.tokens(self.config.model.block_size),
             "tokens_per_s": float(np.median(rates)) if rates else None,
             "non_embedding_parameters": self.model.num_parameters(),

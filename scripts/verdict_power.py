@@ -1,0 +1,58 @@
+"""The power computation behind `nlq study verdict`'s number of pairs (docs/RESULTS.md, "Pre-registration").
+
+First the planning sd: the paired sd of nonlinear - linear pooled over the budgets of results/scaling-shared-lr
+(both at lr 2e-3, the verdict's design at smaller budgets), with the upper one-sided 80% confidence bound.
+
+For each paired sd and number of pairs: the power of the two-sided paired t test (95%) to find a true
+difference of the margin, and the power of the equivalence test (TOST, alpha 0.05 each side, +-margin) to
+show equivalence when the true difference is 0.
+
+    python scripts/verdict_power.py
+"""
+
+import csv
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from scipy import stats
+
+from nlq.studies.stats import power_equivalence, power_paired_t
+from nlq.verdict import SETTINGS
+
+SHARED_LR = Path(__file__).resolve().parent.parent / "results" / "scaling-shared-lr" / "results.csv"
+
+
+def pooled_paired_sd(path: Path) -> tuple[float, int]:
+    """Pooled sd of the per-seed differences nonlinear - linear over every budget, and its degrees of freedom."""
+    losses = defaultdict(dict)
+    for row in csv.DictReader(path.open()):
+        if row["stage"] == "budget":
+            losses[(row["width"], row["tpp"])].setdefault(row["seed"], {})[row["variant"]] = float(row["val_loss"])
+    squares, df = 0.0, 0
+    for cell in losses.values():
+        d = [v["nonlinear"] - v["linear"] for v in cell.values() if {"linear", "nonlinear"} <= set(v)]
+        if len(d) > 1:
+            mean = sum(d) / len(d)
+            squares += sum((x - mean) ** 2 for x in d)
+            df += len(d) - 1
+    return math.sqrt(squares / df), df
+
+
+def main() -> None:
+    sd, df = pooled_paired_sd(SHARED_LR)
+    upper = sd * math.sqrt(df / stats.chi2.ppf(0.2, df))
+    print(f"pooled paired sd of {SHARED_LR.parent.name}: {sd:.4f} on {df} df; upper one-sided 80% bound {upper:.4f}")
+    margin, alpha, confidence = SETTINGS["margin"], SETTINGS["alpha"], SETTINGS["confidence"]
+    pairs = [10, 12, 14, 16]
+    print(f"margin {margin} nats; t test {confidence:.0%} two-sided; TOST alpha {alpha} per side")
+    print("| paired sd | " + " | ".join(f"{n} pairs: t test / TOST" for n in pairs) + " |")
+    print("|---|" + "---|" * len(pairs))
+    for sd in (0.03, 0.04, 0.045, 0.05):
+        cells = [f"{power_paired_t(margin, sd, n, confidence):.0%} / {power_equivalence(0.0, sd, n, margin, alpha):.0%}"
+                 for n in pairs]
+        print(f"| {sd:g} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Studies and their reports: statistics, tables and plots on top of run directories."""

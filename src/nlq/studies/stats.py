@@ -1,0 +1,122 @@
+"""The statistics of the reports: paired t intervals, the equivalence test (TOST), Holm's adjustment, a
+pre-registered decision rule, and the power computations behind a study's number of pairs.
+
+Pure functions of lists of numbers; tests check them against hand computations and scipy's own tests.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+from scipy import integrate, stats
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (nan for fewer than two values)."""
+    mean = statistics.fmean(values)
+    return mean, statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def median(values: list[float]) -> float:
+    """The median; for an even count, the mean of the two middle values."""
+    return statistics.median(values)
+
+
+def paired_difference(variant: list[float], baseline: list[float], confidence: float = 0.95) -> dict:
+    """Mean of per-seed differences (variant - baseline) with a two-sided t interval, its p value against 0 and
+    a verdict ('better': the interval lies below 0, 'worse': above, else 'within noise')."""
+    d = np.asarray(variant, dtype=float) - np.asarray(baseline, dtype=float)
+    n = len(d)
+    mean = float(d.mean())
+    if n < 2:
+        return {"n": n, "mean": mean, "low": math.nan, "high": math.nan, "p": math.nan,
+                "verdict": "one seed: no interval"}
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / math.sqrt(n))
+    low, high = mean - half, mean + half
+    se = float(d.std(ddof=1) / math.sqrt(n))
+    p = float(2 * stats.t.sf(abs(mean) / se, n - 1)) if se > 0 else (0.0 if mean else 1.0)
+    verdict = "better" if high < 0 else "worse" if low > 0 else "within noise"
+    return {"n": n, "mean": mean, "sd": float(d.std(ddof=1)), "low": low, "high": high, "p": p, "verdict": verdict}
+
+
+def equivalence_test(differences: list[float], margin: float, alpha: float = 0.05) -> dict:
+    """Two one-sided t tests (TOST) that the mean difference lies inside (-margin, +margin): H0 mean <= -margin
+    (p_lower) and H0 mean >= +margin (p_upper). Equivalence is shown when both are rejected at alpha, i.e. when
+    the 1 - 2 alpha interval (low, high) lies inside the margins."""
+    d = np.asarray(differences, dtype=float)
+    n = len(d)
+    if n < 2:
+        return {"p_lower": math.nan, "p_upper": math.nan, "p": math.nan, "low": math.nan, "high": math.nan,
+                "equivalent": False}
+    mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
+    p_lower = float(stats.t.sf((mean + margin) / se, n - 1))
+    p_upper = float(stats.t.cdf((mean - margin) / se, n - 1))
+    half = float(stats.t.ppf(1 - alpha, n - 1) * se)
+    return {"p_lower": p_lower, "p_upper": p_upper, "p": max(p_lower, p_upper), "low": mean - half,
+            "high": mean + half, "equivalent": max(p_lower, p_upper) < alpha}
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p values (same order as given): the k-th smallest is
+    multiplied by (m - k + 1), made non-decreasing, capped at 1. nan stays nan and does not count in m."""
+    indexed = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    m, running = len(indexed), 0.0
+    adjusted = [math.nan] * len(p_values)
+    for k, (p, i) in enumerate(indexed):
+        running = max(running, min(1.0, (m - k) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+VERDICTS = {
+    "better": "nonlinear better",
+    "worse": "nonlinear worse",
+    "equivalent": "no effect of the paper's size",
+    "inconclusive": "inconclusive",
+}
+
+
+def decide(differences: list[float], margin: float, confidence: float = 0.95, alpha: float = 0.05) -> dict:
+    """The pre-registered decision on paired differences (variant - baseline): the confidence interval below 0
+    is 'better', above 0 'worse'; otherwise equivalence within +-margin (TOST at alpha) is 'equivalent'; else
+    'inconclusive'. Returns the interval, the equivalence test, the verdict key and its words."""
+    interval = paired_difference(differences, [0.0] * len(differences), confidence)
+    tost = equivalence_test(differences, margin, alpha)
+    if interval["high"] < 0:
+        key = "better"
+    elif interval["low"] > 0:
+        key = "worse"
+    elif tost["equivalent"]:
+        key = "equivalent"
+    else:
+        key = "inconclusive"
+    words = VERDICTS[key]
+    if key in ("better", "worse") and tost["equivalent"]:
+        words += f", by less than {margin:g} (equivalence within ±{margin:g} also shown)"
+    return {"interval": interval, "tost": tost, "verdict": key, "words": words}
+
+
+def power_paired_t(effect: float, sd: float, n: int, confidence: float = 0.95) -> float:
+    """Power of the two-sided paired t test (at 1 - confidence) to find a true mean difference `effect`."""
+    df, noncentrality = n - 1, effect / (sd / math.sqrt(n))
+    critical = stats.t.ppf(0.5 + confidence / 2, df)
+    return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
+
+
+def power_equivalence(true: float, sd: float, n: int, margin: float, alpha: float = 0.05) -> float:
+    """Power of the equivalence test (TOST at alpha, margins +-margin) when the true mean difference is `true`:
+    the probability that the 1 - 2 alpha interval lies inside the margins, integrated over the sample sd."""
+    df, se = n - 1, sd / math.sqrt(n)
+    critical = stats.t.ppf(1 - alpha, df)
+
+    def inside(x: float) -> float:  # x: the chi-square variable of the sample variance
+        half = critical * sd * math.sqrt(x / df) / math.sqrt(n)
+        if half >= margin:
+            return 0.0
+        both = stats.norm.cdf((margin - half - true) / se) - stats.norm.cdf((-margin + half - true) / se)
+        return max(0.0, both) * stats.chi2.pdf(x, df)
+
+    x_max = df * (margin * math.sqrt(n) / (critical * sd)) ** 2  # beyond it the interval is wider than the margins
+    return float(integrate.quad(inside, 0.0, x_max, limit=200)[0])
