@@ -24,7 +24,7 @@ def time_steps(layers: int, width: int, threads: int, steps: int, start=None) ->
 
     from nlq.model import Transformer
     from nlq.presets import get_preset, with_model
-    from nlq.training.trainer import tune_allocator
+    from nlq.training.hardware import tune_allocator
 
     tune_allocator()
     torch.set_num_threads(threads)

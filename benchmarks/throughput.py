@@ -35,7 +35,8 @@ import torch
 from nlq.model import Attention, Transformer
 from nlq.presets import get_preset, with_model
 from nlq.config import TrainConfig
-from nlq.training.trainer import make_optimizer, peak_flops, tune_allocator
+from nlq.training.hardware import peak_flops, tune_allocator
+from nlq.training.trainer import make_optimizer
 
 
 def make_step(model, optimizer, x, y, dtype):

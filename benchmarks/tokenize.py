@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from nlq.data.shards import CHUNK_CHARS, _chunks, prepare
+from nlq.data.shards import CHUNK_CHARS, chunks, prepare
 from nlq.data.sources import get_source
 from nlq.data.tokenizers import BPETokenizer, ByteTokenizer
 
@@ -23,7 +23,7 @@ def encode_rate(tokenizer, docs, rounds):
     best = float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
-        tokens = sum(len(ids) for chunk in _chunks(iter(docs), CHUNK_CHARS) for ids in tokenizer.encode_batch(chunk))
+        tokens = sum(len(ids) for chunk in chunks(iter(docs), CHUNK_CHARS) for ids in tokenizer.encode_batch(chunk))
         best = min(best, time.perf_counter() - start)
     return tokens, tokens / best
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from scipy import stats
 
 from nlq.studies.stats import power_equivalence, power_paired_t
-from nlq.verdict import SETTINGS
+from nlq.studies.verdict import SETTINGS
 
 SHARED_LR = Path(__file__).resolve().parent.parent / "results" / "scaling-shared-lr" / "results.csv"
 

@@ -58,7 +58,7 @@ def assert_wrapped_run_matches_plain(config, strategy, backend, tmp_path, monkey
     """Train config plainly, then as torchrun --nproc_per_node=1 would (a group of one, the model wrapped
     by DDP or FSDP2); the two loss curves must agree."""
     from nlq.config import update
-    from nlq.training.logging import read_metrics
+    from nlq.runs.metrics import read_metrics
     from nlq.training.trainer import train
 
     train(config, tmp_path / "plain", quiet=True)

@@ -1,6 +1,9 @@
 import pytest
 
-from nlq.config import ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, parse_overrides
+from nlq.config import ModelConfig, RunConfig, TrainConfig
+from nlq.errors import ConfigError
+from nlq.overrides import apply_overrides, load_config, parse_overrides
+from nlq.runs.rundir import save_config
 
 
 @pytest.mark.parametrize("changes,field,value", [
@@ -48,18 +51,18 @@ def test_bad_overrides_are_one_line_errors(arg, message):
 
 def test_config_files_round_trip(tmp_path):
     config = apply_overrides(RunConfig(), ["--model.query=nonlinear", "--train.lr=0.002"])
-    config.save(tmp_path / "c.json")
-    assert RunConfig.load(tmp_path / "c.json") == config
+    save_config(config, tmp_path / "c.json")
+    assert load_config(tmp_path / "c.json") == config
     (tmp_path / "c.yaml").write_text("model:\n  query: identity\ntrain:\n  lr: 0.001\n  max_steps: 5\n")
-    loaded = RunConfig.load(tmp_path / "c.yaml")
+    loaded = load_config(tmp_path / "c.yaml")
     assert loaded.model.query == "identity" and loaded.train.max_steps == 5
     (tmp_path / "c.toml").write_text("[model]\nmlp_ratio = 4.5\n")
-    assert RunConfig.load(tmp_path / "c.toml").model.mlp_ratio == 4.5
+    assert load_config(tmp_path / "c.toml").model.mlp_ratio == 4.5
     (tmp_path / "bad.yaml").write_text("train:\n  max_steps: 'many'\n")
     with pytest.raises(ConfigError, match="train.max_steps='many' is not a valid int"):
-        RunConfig.load(tmp_path / "bad.yaml")
+        load_config(tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match="does not exist"):
-        RunConfig.load(tmp_path / "missing.yaml")
+        load_config(tmp_path / "missing.yaml")
 
 
 def test_parse_overrides_nests_sections():

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import assert_wrapped_run_matches_plain, tiny_run_config
-from nlq.training.logging import read_metrics
+from nlq.runs.metrics import read_metrics
 from nlq.training.trainer import train
 
 TOLERANCE = 1e-4  # relative: the same math, summed in a different order across processes
@@ -27,7 +27,7 @@ def torchrun(*args, script=None, timeout=180):
 def single(data, out, *overrides, resume=False):
     """The same run in one process (global batch 8 x 32 tokens: 2 micro steps of 4)."""
     config = tiny_run_config(data, max_steps=6, batch_size=4, batch_tokens=256, eval_every=3, decay_steps=None)
-    from nlq.config import apply_overrides
+    from nlq.overrides import apply_overrides
 
     train(apply_overrides(config, list(overrides)), out, resume=resume, quiet=True)
 
@@ -103,8 +103,8 @@ def test_a_stuck_rank_makes_the_others_fail_after_dist_timeout(byte_data, tmp_pa
 
 
 def test_study_runs_each_run_under_torchrun(byte_data, tmp_path):
-    from nlq.config import apply_overrides
-    from nlq.study import DataSpec, Study, Variant, run_study
+    from nlq.overrides import apply_overrides
+    from nlq.studies.study import DataSpec, Study, Variant, run_study
 
     config = tiny_run_config(byte_data, max_steps=2, batch_size=4, batch_tokens=256, eval_every=2)
     study = Study("dist", "two variants under torchrun", apply_overrides(config, ["--dist.nproc=2"]),

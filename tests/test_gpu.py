@@ -107,7 +107,7 @@ def test_ddp_and_fsdp2_in_one_process_match_the_plain_model(strategy, byte_data,
 
 def test_checkpoint_moves_from_gpu_to_cpu_and_back(byte_data, tmp_path):
     from nlq.config import update
-    from nlq.training.logging import read_metrics
+    from nlq.runs.metrics import read_metrics
     from nlq.training.trainer import train
 
     gpu = tiny_run_config(byte_data, max_steps=4, eval_every=2, decay_steps=8, device="cuda", dtype="float32")

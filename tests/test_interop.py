@@ -25,7 +25,7 @@ def trained_run(byte_data, tmp_path, name="run", **model_changes):
 
 
 def nlq_logits(run_dir, ids):
-    from nlq.generate import load_model
+    from nlq.runs.rundir import load_model
 
     model, _, _ = load_model(run_dir)
     return model(ids)[0]
@@ -146,7 +146,7 @@ def test_training_starts_from_hf_gpt2_and_converts_its_query(byte_data, tmp_path
     trained W_Q is dropped and the nonlinear query starts fresh, everything else is GPT-2's."""
     from nlq.cli import main
     from nlq.interop.load import hf_gpt2
-    from nlq.training.checkpoint import load_checkpoint
+    from nlq.runs.checkpoint import load_checkpoint
 
     tiny_gpt2(tmp_path)
     main(["train", "--data", str(byte_data), "--out", str(tmp_path / "run"), "--preset", "nano",
@@ -185,7 +185,7 @@ def paper_checkpoint(mode, d=16, heads=2, layers=2, vocab=50, block=8, hidden=40
 
 
 def paper_forward(ckpt, idx):
-    """The paper's model, written out from its formulas (section 2 of shared/paper.md), on the raw tensors."""
+    """The paper's model, written out from its formulas (docs/METHOD.md, section 2), on the raw tensors."""
     s = {k.removeprefix("_orig_mod.transformer.").removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
     a = ckpt["model_args"]
     d, nh, mode = a["n_embd"], a["num_heads"], a["query_mode"]
@@ -222,7 +222,7 @@ def paper_forward(ckpt, idx):
 @pytest.mark.parametrize("mode", ["original", "identity", "residual", "residual_gelu"])
 def test_paper_checkpoint_of_each_mode_computes_its_formula(mode, tmp_path):
     from nlq.cli import main
-    from nlq.generate import load_model
+    from nlq.runs.rundir import load_model
 
     ckpt = paper_checkpoint(mode)
     torch.save(ckpt, tmp_path / "ckpt.pt")
@@ -351,7 +351,7 @@ def test_a_copied_checkpoint_file_keeps_its_tokenizer_and_the_final_model_is_saf
 
     from safetensors import safe_open
 
-    from nlq.generate import load_model, run_tokenizer
+    from nlq.runs.rundir import load_model, run_tokenizer
 
     run = trained_run(byte_data, tmp_path)
     alone = tmp_path / "elsewhere" / "step.pt"

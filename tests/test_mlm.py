@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_model_config, tiny_run_config
 from nlq.data.batches import IGNORE, BatchPlan, mask_tokens
 from nlq.errors import UserError
-from nlq.training.logging import read_metrics
+from nlq.runs.metrics import read_metrics
 from nlq.training.trainer import train
 
 TOKENS = (np.arange(200_000) % 250).astype(np.uint16)

@@ -83,7 +83,7 @@ def test_too_long_sequence_is_a_clear_error():
         Transformer(tiny_model_config())(torch.zeros(1, 17, dtype=torch.long))
 
 
-PAPER_COUNTS = {  # shared/paper.md section 4
+PAPER_COUNTS = {  # docs/METHOD.md, section 4
     (("query", "linear"),): 84_953_856,
     (("query", "nonlinear"),): 84_972_288,
     (("query", "identity"),): 77_875_968,

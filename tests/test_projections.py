@@ -256,7 +256,7 @@ def test_gqa_matches_reference_and_mha_with_repeated_kv_heads():
 
 def test_gpt3_small_nonlinear_q_and_k_parameter_count():
     from nlq.presets import get_preset
-    from nlq.config import apply_overrides
+    from nlq.overrides import apply_overrides
 
     config = apply_overrides(get_preset("gpt3-small"), ["--model.query=nonlinear", "--model.projections.k=nonlinear"])
     with torch.device("meta"):
@@ -275,7 +275,8 @@ def test_gpt3_small_nonlinear_q_and_k_parameter_count():
     (["--train.objective=mlm"], "needs a bidirectional encoder"),
 ])
 def test_bad_beyond_the_paper_configs(overrides, needle):
-    from nlq.config import ConfigError, apply_overrides
+    from nlq.errors import ConfigError
+    from nlq.overrides import apply_overrides
     from nlq.presets import get_preset
 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -328,7 +329,7 @@ def test_checkpoint_written_by_nlq_0_1_still_loads(query):
     matmuls) and the logits it gave; today's model loads it by the same names and computes the same logits."""
     from pathlib import Path
 
-    from nlq.generate import load_model
+    from nlq.runs.rundir import load_model
 
     data = Path(__file__).parent / "data"
     model, config, payload = load_model(data / f"nlq0.1_{query}_step3.pt")

@@ -85,7 +85,7 @@ BAD_INPUTS = [
      "truncated or not JSON"),
     ("eval of a missing checkpoint", lambda d, r, t: ["eval", t / "nothing.pt"], "does not exist"),
     ("export into a non-empty directory", lambda d, r, t: ["export", r, "--to", "hf", touch(t / "full" / "f").parent],
-     "not empty"),
+     "not an nlq export"),
     ("resume a run that is not there, with a config lacking data", lambda d, r, t: ["train", "--out", t / "new",
                                                                                     "--resume"], "no data directory"),
 ]
@@ -163,7 +163,7 @@ def test_a_checkpoint_whose_name_and_step_disagree_is_refused(run_dir, tmp_path,
 
 
 def test_resume_from_weights_that_do_not_fit_the_stored_config(run_dir, tmp_path, capsys):
-    from nlq.training.checkpoint import load_checkpoint, save_checkpoint
+    from nlq.runs.checkpoint import load_checkpoint, save_checkpoint
 
     run = copy_run(run_dir, tmp_path)
     payload = load_checkpoint(run / "checkpoints" / "step_0000004.pt")
@@ -221,7 +221,7 @@ def test_an_unwritable_output_is_a_one_line_error(byte_data, tmp_path, capsys, m
     def no_space(*args, **kwargs):
         raise OSError(28, "No space left on device", str(tmp_path / "data"))
 
-    monkeypatch.setattr("tempfile.mkdtemp", no_space)
+    monkeypatch.setattr("nlq.data.shards.atomic_directory", no_space)
     one_line_error(capsys, ["prepare", "--source", "shakespeare", "--tokenizer", "byte", "--out", tmp_path / "data"],
                    "No space left on device")
 
@@ -256,7 +256,7 @@ def test_kill_9_during_a_checkpoint_write_loses_nothing_and_leaves_no_temp(byte_
     assert not list((tmp_path / "run" / "checkpoints").glob(".*"))  # and gone after the next start
     main(["train", "--data", str(byte_data), "--out", str(tmp_path / "straight"), "--preset", "nano", *SMALL,
           "--train.max_steps=6", "--train.checkpoint_every=2"])
-    from nlq.training.logging import read_metrics
+    from nlq.runs.metrics import read_metrics
 
     curve = lambda d: [(r["step"], r["train_loss"]) for r in read_metrics(d / "metrics.jsonl") if "train_loss" in r]  # noqa: E731
     assert curve(tmp_path / "run") == curve(tmp_path / "straight")  # bitwise: the resume redid the lost steps

@@ -6,8 +6,9 @@ import sys
 import pytest
 
 from conftest import tiny_run_config
-from nlq.report import build_report, equivalent_params, fit_loss_vs_params, paired_difference, relative_change
-from nlq.study import DataSpec, Study, Variant, get_study, run_study
+from nlq.studies.registry import build_report, get_study
+from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change
+from nlq.studies.study import DataSpec, Study, Variant, run_study
 
 TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
         "--model.n_head=2", "--train.max_steps=3", "--train.eval_every=3", "--train.batch_size=4",
@@ -32,7 +33,7 @@ def test_tiny_study_end_to_end(byte_data, tmp_path):
 
 
 def test_same_seed_means_same_batches_across_variants(byte_data, tmp_path):
-    from nlq.study import Run
+    from nlq.studies.study import Run
 
     study = tiny_study(byte_data)
     configs = [Run(study, v, 1, None).config([], byte_data) for v in study.variants]
@@ -41,9 +42,9 @@ def test_same_seed_means_same_batches_across_variants(byte_data, tmp_path):
 
 
 def test_interrupted_study_skips_finished_runs(byte_data, tmp_path, monkeypatch):
-    from nlq.training import trainer
+    from nlq.studies import study as study_module
 
-    real_train, calls = trainer.train, []
+    real_train, calls = study_module.train, []
 
     def flaky_train(config, run_dir, **kw):
         calls.append(run_dir.name)
@@ -51,7 +52,7 @@ def test_interrupted_study_skips_finished_runs(byte_data, tmp_path, monkeypatch)
             raise KeyboardInterrupt
         return real_train(config, run_dir, **kw)
 
-    monkeypatch.setattr(trainer, "train", flaky_train)
+    monkeypatch.setattr(study_module, "train", flaky_train)
     with pytest.raises(KeyboardInterrupt):
         run_study(tiny_study(byte_data), tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     messages = []
@@ -97,7 +98,7 @@ def test_lr_sweep_reports_each_variant_at_its_best(byte_data, tmp_path):
 
 
 def test_unknown_study_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown study 'big'; valid studies: cpu, cpu-lr, paper, encoder, kvo"):
+    with pytest.raises(ValueError, match="unknown study 'big'; valid studies: cpu, cpu-lr, encoder, kvo, paper, scaling"):
         get_study("big")
 
 
@@ -159,16 +160,16 @@ def test_report_on_a_missing_study_is_a_clear_error(tmp_path):
     assert result.returncode == 2 and "not a study directory" in result.stderr
 
 
-def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path, monkeypatch):
+def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path):
     """The scaling study on a tiny width: the lr sweep picks each variant's lr, then one WSD stable run per
     (variant, seed) branches a cooldown at every budget; the report pairs each budget's variants by seed."""
-    from nlq import scaling
+    from nlq.studies import scaling
 
-    monkeypatch.setattr(scaling, "WIDTHS", {"d16": (dict(n_layer=1, n_head=2, n_embd=16), [4, 8], [1e-3, 4e-3], 4)})
-    monkeypatch.setattr(scaling, "SEEDS", [1, 2])
+    widths = {"d16": {"shape": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "budgets": [4, 8], "lrs": [1e-3, 4e-3],
+                      "sweep_tpp": 4}}
     overrides = ["--model.vocab_size=257", "--model.block_size=32", "--data.eval_windows=4", "--train.warmup_steps=2",
                  "--train.batch_size=4"]
-    study = scaling.scaling()
+    study = scaling.scaling(widths, seeds=[1, 2])
     run_study(study, tmp_path, overrides, data_dir=str(byte_data), log=lambda *_: None)
     described = json.loads((tmp_path / "study.json").read_text())
     stages = [r["stage"] for r in described["runs"]]
@@ -187,13 +188,14 @@ def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path, mo
     markdown = build_report(tmp_path)
     assert "| d16 | 8 |" in markdown and "| nonlinear | 2 |" in markdown and "| linear-mlp4.75 | 2 |" in markdown
     assert "best lr" in markdown and (tmp_path / "scaling_delta.png").stat().st_size > 0
+    assert described["settings"]["widths"] == widths and described["seeds"] == [1, 2]  # the design, on disk
     messages = []  # started again: everything is finished
-    run_study(scaling.scaling(), tmp_path, overrides, data_dir=str(byte_data), log=messages.append)
+    run_study(scaling.scaling(widths, seeds=[1, 2]), tmp_path, overrides, data_dir=str(byte_data), log=messages.append)
     assert not [m for m in messages if m.startswith("[") and "skipped" not in m]
 
 
 def test_tpp_trend_is_the_mean_of_per_seed_slopes_against_log2_tokens():
-    from nlq.scaling import tpp_trends
+    from nlq.studies.scaling import tpp_trends
 
     def row(variant, seed, tpp, loss):
         return {"width": "d8", "variant": variant, "seed": seed, "tpp": tpp, "val_loss": loss}
@@ -212,11 +214,11 @@ def test_tpp_trend_is_the_mean_of_per_seed_slopes_against_log2_tokens():
 
 
 def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_path, monkeypatch):
-    from nlq import scaling
-    from nlq import study as study_module
+    from nlq.studies import scaling
+    from nlq.studies import study as study_module
 
-    monkeypatch.setattr(scaling, "WIDTHS", {"d16": (dict(n_layer=1, n_head=2, n_embd=16), [4, 8, 16], [1e-3], 4)})
-    monkeypatch.setattr(scaling, "SHARED_LR_BUDGETS", {"d16": [4, 8]})
+    widths = {"d16": {"shape": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "budgets": [4, 8], "lrs": [1e-3],
+                      "sweep_tpp": 4}}
     trained = []
 
     def fake_train(config, run_dir):
@@ -226,7 +228,7 @@ def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_pa
                                                           "tokens_per_s": 1.0}))
 
     monkeypatch.setattr(study_module, "_train_run", fake_train)
-    study = study_module.get_study("scaling-shared-lr")
+    study = scaling.scaling_shared_lr(widths=widths)
     run_study(study, tmp_path, ["--model.vocab_size=257", "--model.block_size=32", "--train.batch_size=4"],
               data_dir=str(byte_data), log=lambda *_: None)
     assert {c.model.query for c in trained} == {"linear", "nonlinear"} and {c.model.mlp_ratio for c in trained} == {4.0}
@@ -236,7 +238,8 @@ def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_pa
 
 
 def test_paired_curve_is_the_per_step_paired_difference():
-    from nlq.report import RunResult, paired_curve
+    from nlq.studies.comparison import paired_curve
+    from nlq.studies.tables import RunResult
 
     def run(seed, curve):
         return RunResult(f"r{seed}", "v", seed, 1e-3, 10, curve[-1][1], 1.0, 1.0, curve)
@@ -254,9 +257,9 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     the second stage built only after both shards finished the first."""
     import threading
 
-    from nlq import study as study_module
-    from nlq.probes import base
-    from nlq.study import Run, parse_shard
+    from nlq.studies import study as study_module
+    from nlq.studies.probes import base
+    from nlq.studies.study import Run, parse_shard
 
     trained, lock = [], threading.Lock()
 
@@ -300,16 +303,15 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
 @pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "1/0"])
 def test_bad_shard_is_a_clear_error(text):
     from nlq.errors import UserError
-    from nlq.study import parse_shard
+    from nlq.studies.study import parse_shard
 
     with pytest.raises(UserError, match="K/N"):
         parse_shard(text)
 
 
 def test_a_shard_waits_while_another_prepares_the_study_data(tmp_path, monkeypatch):
-    from nlq import study as study_module
-    from nlq.data import shards
-    from nlq.lock import LockHeld
+    from nlq.errors import LockHeld
+    from nlq.studies import study as study_module
 
     calls, messages = [], []
 
@@ -318,7 +320,7 @@ def test_a_shard_waits_while_another_prepares_the_study_data(tmp_path, monkeypat
         if len(calls) == 1:
             raise LockHeld("data directory is in use by another nlq process")
 
-    monkeypatch.setattr(shards, "prepare", busy_then_ready)
+    monkeypatch.setattr(study_module, "prepare", busy_then_ready)
     monkeypatch.setattr(study_module, "WAIT_POLL_S", 0.01)
     study = get_study("cpu")
     assert study_module.prepare_study_data(study, tmp_path, None, messages.append, wait_for_others=True) == tmp_path / "data"

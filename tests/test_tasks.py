@@ -64,7 +64,7 @@ def test_a_tiny_model_learns_mqar_with_few_pairs(tmp_path):
     accuracy on the answer positions. Chance is 1/8; picking one of the two stored values gives ~58%, where it
     sits until the induction mechanism forms (between steps 3000 and 4000 here), then it jumps to ~100%."""
     from nlq.cli import main
-    from nlq.training.logging import read_metrics
+    from nlq.runs.metrics import read_metrics
 
     main(["train", "--out", str(tmp_path / "run"), "--preset", "nano", "--data.task=mqar", "--data.task_pairs=2",
           "--data.task_vocab=8", "--model.vocab_size=32", "--model.block_size=16", "--model.n_embd=64",
@@ -78,14 +78,14 @@ def test_a_tiny_model_learns_mqar_with_few_pairs(tmp_path):
     assert [r for r in records if "train_acc" in r][-1]["train_acc"] >= 0.9
 
 
-def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path, monkeypatch):
-    from nlq import probes
-    from nlq.report import build_report
-    from nlq.study import run_study
+def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path):
+    from nlq.studies import probes
+    from nlq.studies.registry import build_report
+    from nlq.studies.study import run_study
 
-    monkeypatch.setattr(probes, "TASKS", {"mqar-2": ("mqar", 8, 2, 16, [16, 32]), "lookup-2": ("lookup", 16, 2, 16, [16, 32])})
-    monkeypatch.setattr(probes, "SEEDS", [1, 2])
-    run_study(probes.probes(), tmp_path, ["--train.max_steps=3", "--train.eval_every=3", "--data.eval_windows=8",
+    tasks = {"mqar-2": {"task": "mqar", "vocab": 8, "pairs": 2, "block": 16, "widths": [16, 32]},
+             "lookup-2": {"task": "lookup", "vocab": 16, "pairs": 2, "block": 16, "widths": [16, 32]}}
+    run_study(probes.probes(tasks, seeds=[1, 2]), tmp_path, ["--train.max_steps=3", "--train.eval_every=3", "--data.eval_windows=8",
                                           "--train.batch_size=4", "--train.warmup_steps=1"], log=lambda *_: None)
     markdown = build_report(tmp_path)
     assert "| lookup-2 | 32 | nonlinear | 2 |" in markdown and "| mqar-2 | 16 | identity | 2 |" in markdown
@@ -94,7 +94,7 @@ def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path, monkeypatch):
 
 
 def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
-    from nlq.probes import steps_to_solve
+    from nlq.studies.probes import steps_to_solve
 
     rows = [{"step": 0, "val_acc": 0.1}, {"step": 50, "loss": 1.0}, {"step": 100, "val_acc": 0.89},
             {"step": 200, "val_acc": 0.95}, {"step": 300, "val_acc": 0.85}, {"step": 400, "val_acc": 0.99}]
@@ -104,7 +104,7 @@ def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
 
 
 def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
-    from nlq.probes import _pooled_rows
+    from nlq.studies.probes import pooled_solve_rows
 
     def run(variant, seed, width, steps):
         return {"task": "mqar-2", "width": width, "seed": seed, "variant": variant, "steps_to_solve": steps}
@@ -112,7 +112,7 @@ def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
     runs = [run("linear", s, w, 900 if (s, w) == (1, 32) else None) for s in (1, 2, 3) for w in (32, 64)]
     runs += [run("identity", s, w, 100 * s) for s in (1, 2, 3) for w in (32, 64)]  # solves all 6
     runs += [run("nonlinear", s, w, None) for s in (1, 2, 3) for w in (32, 64)]  # solves none
-    rows = _pooled_rows("mqar-2", runs, ["linear", "identity", "nonlinear"])
+    rows = pooled_solve_rows("mqar-2", runs, ["linear", "identity", "nonlinear"])
     assert rows[0] == "| mqar-2 | linear | 1/6 | | | | 900 |"
     assert rows[1] == "| mqar-2 | identity | 6/6 | 5 | 0 | 0.0625 | 200 |"  # 5 discordant wins: p = 2 / 2^5
     assert rows[2] == "| mqar-2 | nonlinear | 0/6 | 0 | 1 | 1 | - |"

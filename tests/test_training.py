@@ -9,11 +9,13 @@ import torch
 
 from conftest import tiny_model_config, tiny_run_config
 from nlq.config import TrainConfig
-from nlq.errors import UserError
+from nlq.errors import TrainingError, UserError
 from nlq.model import Transformer
-from nlq.training.checkpoint import clean_state_dict, list_checkpoints, load_checkpoint
-from nlq.training.logging import read_metrics
-from nlq.training.trainer import TrainingError, batch_spec, lr_at, make_optimizer, train
+from nlq.runs.checkpoint import clean_state_dict, list_checkpoints, load_checkpoint
+from nlq.runs.metrics import read_metrics
+from nlq.runs.rundir import save_config
+from nlq.training.inputs import batch_spec
+from nlq.training.trainer import lr_at, make_optimizer, train
 
 
 def losses(run_dir, key="train_loss"):
@@ -51,8 +53,8 @@ def test_exact_resume_is_bitwise_identical(byte_data, tmp_path, query):
 KILL_WHILE_SAVING = textwrap.dedent("""
     import os, signal, sys
     import torch
-    from nlq.config import RunConfig
-    from nlq.training import checkpoint
+    from nlq.overrides import load_config
+    from nlq.runs import checkpoint
     from nlq.training.trainer import train
 
     real_save = torch.save
@@ -63,13 +65,13 @@ KILL_WHILE_SAVING = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         real_save(obj, f, *args, **kwargs)
     checkpoint.torch.save = dying_save
-    train(RunConfig.load(sys.argv[1]), sys.argv[2], quiet=True)
+    train(load_config(sys.argv[1]), sys.argv[2], quiet=True)
 """)
 
 
 def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous_one(byte_data, tmp_path):
     config = tiny_run_config(byte_data, max_steps=9, checkpoint_every=3, keep_checkpoints=5)
-    config.save(tmp_path / "config.json")
+    save_config(config, tmp_path / "config.json")
     result = subprocess.run([sys.executable, "-c", KILL_WHILE_SAVING, str(tmp_path / "config.json"), str(tmp_path / "run")])
     assert result.returncode == -9
     assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step_0000003.pt"]
@@ -256,6 +258,6 @@ def test_wsd_cooldown_branched_from_a_stable_run_equals_a_straight_run(byte_data
 
 
 def test_the_checkpoints_folder_resolves_to_the_runs_latest_checkpoint(trained_run):
-    from nlq.training.checkpoint import latest_checkpoint, resolve_checkpoint
+    from nlq.runs.checkpoint import latest_checkpoint, resolve_checkpoint
 
     assert resolve_checkpoint(trained_run / "checkpoints") == latest_checkpoint(trained_run) is not None

@@ -11,8 +11,9 @@ from nlq.studies import stats
 
 
 def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_identity(byte_data, tmp_path, monkeypatch):
-    from nlq import study as study_module
-    from nlq.study import get_study, run_study
+    from nlq.studies import study as study_module
+    from nlq.studies.registry import get_study
+    from nlq.studies.study import run_study
 
     trained = []
 
@@ -43,16 +44,17 @@ def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_ident
     assert sorted(by_budget) == [4816, 14447] and all(v == {"linear", "nonlinear", "identity"} for v in by_budget.values())
     assert all("-stable/checkpoints/step_" in c.train.resume_from for c in branches)
     # a pair's two chains land on different shards of two, and each shard gets both variants
-    from nlq.study import _shard_indices
+    from nlq.studies.study import shard_indices
 
     stage = next(study.run_stages(tmp_path))
-    shard_one = {stage[i].variant.name + str(stage[i].seed) for i in _shard_indices(stage, 1, 2)}
+    shard_one = {stage[i].variant.name + str(stage[i].seed) for i in shard_indices(stage, 1, 2)}
     assert "linear101" in shard_one and "nonlinear102" in shard_one and "nonlinear101" not in shard_one
 
 
 def test_full_final_eval_scores_the_whole_val_split(byte_data, tmp_path):
     from nlq.data.shards import load_data
-    from nlq.training.trainer import make_full_eval_set, train
+    from nlq.training.evaluate import make_full_eval_set
+    from nlq.training.trainer import train
 
     config = tiny_run_config(byte_data, max_steps=4, eval_every=2)
     config.data.final_eval = "full"

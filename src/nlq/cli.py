@@ -18,15 +18,12 @@ OPTIONAL_PACKAGES = {name: "train" for name in ("numpy", "tokenizers", "tiktoken
 
 
 def _config(args: argparse.Namespace, overrides: list[str]):
-    from nlq.config import RunConfig, apply_overrides
+    from nlq.config import RunConfig
+    from nlq.overrides import layered
     from nlq.presets import get_preset
 
     config = get_preset(args.preset) if getattr(args, "preset", None) else RunConfig()
-    if getattr(args, "config", None):  # one rule everywhere: preset, then the file's fields, then overrides
-        from nlq.config import read_config_file, update
-
-        config = update(config, read_config_file(args.config))
-    return apply_overrides(config, overrides)
+    return layered(config, getattr(args, "config", None), overrides)
 
 
 def cmd_info(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -62,15 +59,13 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from pathlib import Path
 
-    from nlq.config import RunConfig, apply_overrides, read_config_file, update
+    from nlq.config import update
+    from nlq.overrides import apply_overrides, layered, load_config
     from nlq.training.trainer import train
 
     saved = Path(args.out) / "config.json"
     if args.resume and saved.is_file() and not args.preset:
-        config = RunConfig.load(saved)  # continue with the run's own config; the file and overrides on top
-        if args.config:
-            config = update(config, read_config_file(args.config))
-        config = apply_overrides(config, overrides)
+        config = layered(load_config(saved), args.config, overrides)  # the run's own config, then file, overrides
     else:
         config = _config(args, overrides)
     if config.train.init_from and not (args.resume and saved.is_file()):
@@ -84,14 +79,11 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
-    import math
-    from pathlib import Path
-
-    from nlq.config import parse_overrides, update
+    from nlq.config import update
     from nlq.data.shards import load_data
-    from nlq.generate import encode_text, load_model, loss_report, run_tokenizer, score_tokens
-    from nlq.training.distributed import DistEnv
-    from nlq.training.trainer import check_vocab, evaluate, make_eval_set
+    from nlq.overrides import parse_overrides
+    from nlq.runs.rundir import load_model, run_tokenizer
+    from nlq.training.evaluate import evaluate_on_data, evaluate_text_file
 
     raw = parse_overrides(overrides)
     if set(raw) - {"data"}:
@@ -99,24 +91,18 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
     model, config, payload = load_model(args.run)
     config = update(config, raw)
     if args.text:
-        if config.train.objective != "clm":
-            raise UserError("--text scores next-token prediction, and this run is a masked LM; use --data instead")
-        path = Path(args.text)
-        if not path.is_file():
-            raise UserError(f"text file {path} does not exist")
-        raw_bytes = path.read_bytes()
-        ids = encode_text(run_tokenizer(payload["path"]), raw_bytes.decode("utf-8", errors="replace"), str(path))
-        result = loss_report(*score_tokens(model, ids), len(raw_bytes))
-        where = f"{path} ({result['tokens']:,} scored tokens)"
+        result = evaluate_text_file(model, config, run_tokenizer(payload["path"]), args.text)
+        where = f"{args.text} ({result['tokens']:,} scored tokens)"
     else:
+        if not (args.data or config.data.dir):
+            what = f"a synthetic task ({config.data.task})" if config.data.task else "no data directory"
+            raise UserError(f"this run trained on {what}, so there is no val split to evaluate on; pass --data "
+                            f"DATA_DIR (made by nlq prepare) or --text FILE")
         data = load_data(args.data or config.data.dir)
-        check_vocab(data, config.model, config.train.objective)
-        eval_set = make_eval_set(config, data)
-        result = evaluate(model, eval_set, config.train.batch_size, DistEnv(), None)
-        result["ppl"] = math.exp(min(result["loss"], 700))
-        if config.train.objective == "clm":
-            result["bpb"] = result["loss"] / math.log(2) / data.bytes_per_token("val")
-        where = f"{data.directory} val ({len(eval_set.starts)} windows{', masked LM' if config.train.objective == 'mlm' else ''})"
+        full = config.data.final_eval == "full"  # --data.final_eval=full: the whole val split
+        result = evaluate_on_data(model, config, data, full=full)
+        where = (f"{data.directory} val ({'the whole split: ' if full else ''}{result['windows']} windows"
+                 f"{', masked LM' if config.train.objective == 'mlm' else ''})")
     line = f"step {payload['step']} on {where}: loss {result['loss']:.4f}  perplexity {result['ppl']:.2f}"
     if "bpb" in result:
         line += f"  bits/byte {result['bpb']:.4f}"
@@ -128,7 +114,9 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
     import torch
 
-    from nlq.generate import encode_text, generate, load_model, run_tokenizer
+    from nlq.data.tokenizers import encode_text
+    from nlq.generate import generate
+    from nlq.runs.rundir import load_model, run_tokenizer
 
     if overrides:
         raise UserError(f"nlq sample takes no config overrides (got {' '.join(overrides)})")
@@ -152,11 +140,14 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
-    from nlq.report import build_report
-    from nlq.study import get_study, parse_shard, run_study
+    from nlq.studies.registry import build_report, get_study
+    from nlq.studies.study import parse_shard, plan_text, run_study
 
     study = get_study(args.name)
-    shard = parse_shard(args.shard) if args.shard else None
+    shard = parse_shard(args.shard) if args.shard is not None else None
+    if args.dry_run:
+        print(plan_text(study, args.out, overrides, data_dir=args.data, shard=shard))
+        return
     run_study(study, args.out, overrides, data_dir=args.data, shard=shard)
     build_report(args.out)
     print(f"report: {args.out}/report.md")
@@ -165,7 +156,7 @@ def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_report(args: argparse.Namespace, overrides: list[str]) -> None:
     from pathlib import Path
 
-    from nlq.report import build_report
+    from nlq.studies.registry import build_report
 
     if overrides:
         raise UserError(f"nlq report takes no config overrides (got {' '.join(overrides)})")
@@ -175,8 +166,8 @@ def cmd_report(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace, overrides: list[str]) -> None:
-    from nlq.report import build_report
-    from nlq.study import get_study, run_study
+    from nlq.studies.registry import build_report, get_study
+    from nlq.studies.study import run_study
 
     print(f"nlq reproduce: the `cpu` study into {args.out} (about 30 minutes on 2 CPU cores; "
           f"run it again to continue after an interruption)", flush=True)
@@ -209,13 +200,26 @@ class FieldsHelp(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from nlq.config import describe_fields
+        from nlq.overrides import describe_fields
 
         parser.print_help()
         print("\nconfig fields (override as --section.field=value; layered: preset or the resumed run's config, "
               "then --config FILE, then these):")
         print("\n".join(describe_fields()))
         parser.exit()
+
+
+def study_names() -> list[str]:
+    """The registered studies, read from the registry's source without importing it (torch and friends), so that
+    `nlq --help` stays fast; tests check the list equals registry.STUDIES."""
+    import ast
+    from importlib import resources
+
+    tree = ast.parse((resources.files("nlq.studies") / "registry.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "STUDIES":
+            return [key.value for key in node.value.keys]
+    return []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,11 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("study", help="run a named study (variants x seeds x lrs) and write its report")
-    p.add_argument("name", help="cpu, cpu-lr, scaling, probes, encoder, kvo or paper")
+    p.add_argument("name", metavar="NAME", help="the study: " + ", ".join(study_names()))
     p.add_argument("--out", required=True, help="study directory")
     p.add_argument("--data", help="use this prepared data directory instead of preparing the study's own")
     p.add_argument("--shard", metavar="K/N", help="run only share K of N of every stage, for N processes on one "
                    "study directory (each waits for the others at the end of a stage)")
+    p.add_argument("--dry-run", action="store_true", help="print the runs (of this shard), their configs' key fields "
+                   "and the tokens to train, then exit without training")
     p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("report", help="tables, paired statistics and plots of a study")
@@ -335,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
     except UserError as e:
-        from nlq.training.trainer import PeerFailure, TrainingError
+        from nlq.errors import PeerFailure, TrainingError
 
         print(f"nlq {args.command}: error: {e}", file=sys.stderr)
         if isinstance(e, PeerFailure):  # a broken process group can hang a normal exit (PeerFailure's docstring)

@@ -2,21 +2,18 @@
 
 The kernel drops a flock when its process dies, however it dies, so a lock never goes stale; the pid in the
 lock file is only for the message. Because the lock proves that no other nlq process writes the directory,
-the temporary files found there at start are leftovers of a killed process and are removed.
+the temporary files found there at start are leftovers of a killed process (fileio.remove_stale). The lock
+file sits beside the directory, named after its resolved path, so a symlink to the same directory takes the
+same lock.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 from pathlib import Path
 
-from nlq.errors import UserError
-
-
-class LockHeld(UserError):
-    """Another live process holds the lock."""
+from nlq.errors import LockHeld
 
 
 class DirectoryLock:
@@ -45,13 +42,7 @@ class DirectoryLock:
             self.fd = None
 
 
-def remove_stale(folder: Path, pattern: str) -> list[str]:
-    """Delete leftovers matching pattern in folder (call only while holding the folder's lock)."""
-    removed = []
-    for path in sorted(Path(folder).glob(pattern)) if Path(folder).is_dir() else []:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-        removed.append(path.name)
-    return removed
+def directory_lock(directory: Path, what: str) -> DirectoryLock:
+    """The lock of `directory` (which need not exist yet): `.NAME.lock` beside its resolved path."""
+    resolved = Path(directory).resolve()
+    return DirectoryLock(resolved.parent / f".{resolved.name}.lock", what)

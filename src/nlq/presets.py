@@ -1,6 +1,6 @@
 """Named model sizes. Each preset is a function returning a full RunConfig: a base plus a few deltas.
 
-gpt3-small follows the paper's recipe (shared/paper.md section 3). The CPU presets keep its shape
+gpt3-small follows the paper's recipe (docs/METHOD.md, section 3). The CPU presets keep its shape
 (pre-LN, learned positions, no biases, tied embeddings, GELU MLP 4x) at sizes that learn something in
 minutes on two cores. Their vocabulary (8192) fits `nlq prepare --tokenizer bpe:8192`.
 """

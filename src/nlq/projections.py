@@ -163,8 +163,6 @@ class NonlinearQuery(nn.Module):
         return f"dim={self.dim}, rank={self.rank}, fold_half={self.fold_half}"
 
 
-NonlinearProjection = NonlinearQuery  # the name before nlq 0.2
-
 PROJECTIONS: dict[str, type[nn.Module]] = {
     "linear": LinearProjection,
     "identity": IdentityProjection,

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +20,8 @@ import numpy as np
 from nlq.data.sources import Source, get_source
 from nlq.data.tokenizers import build_tokenizer, check_tokenizer_name, load_tokenizer
 from nlq.errors import UserError
-from nlq.lock import DirectoryLock, remove_stale
+from nlq.fileio import atomic_directory, is_empty_dir, read_json, remove_stale, stale_siblings, write_json
+from nlq.lock import directory_lock
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -40,7 +38,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def _chunks(docs: Iterator[str], chunk_chars: int) -> Iterator[list[str]]:
+def chunks(docs: Iterator[str], chunk_chars: int) -> Iterator[list[str]]:
     chunk, size = [], 0
     for doc in docs:
         chunk.append(doc)
@@ -72,13 +70,15 @@ def prepare(source_spec: str, tokenizer_name: str, out: str | Path, *, overwrite
     source = get_source(source_spec, text_field=text_field, doc_separator=doc_separator)
     request = {"source": source.name, "tokenizer": tokenizer_name, "split_seed": seed, "val_fraction": val_fraction,
                "text_field": text_field, "doc_separator": doc_separator}
+    if out.exists() and not is_empty_dir(out) and not (out / "meta.json").is_file():
+        raise UserError(f"{out} exists and is not an nlq data directory (no meta.json); nlq replaces only its own "
+                        f"datasets, even with --overwrite: choose a new or empty --out")
     if out.exists() and not overwrite and (existing := _existing_meta(out, request)):
         log(f"{out} is already prepared from {source.name} with {tokenizer_name}; reusing it (--overwrite rebuilds)")
         return existing
     out.parent.mkdir(parents=True, exist_ok=True)
-    with DirectoryLock(out.parent / f".{out.name}.lock", f"data directory {out}"):
-        for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
-            remove_stale(out.parent, pattern)
+    with directory_lock(out, f"data directory {out}"):
+        remove_stale(out.parent, stale_siblings(out))
         return _prepare(source, tokenizer_name, out, request, seed, val_fraction, chunk_chars, log)
 
 
@@ -87,8 +87,7 @@ def _prepare(source: Source, tokenizer_name: str, out: Path, request: dict, seed
     start = time.perf_counter()
     tokenizer = build_tokenizer(tokenizer_name, _split_documents(source, seed, val_fraction, "train"))
     dtype = token_dtype(tokenizer.vocab_size)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         stats = {split: {"documents": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
         shard_hashes = {split: hashlib.blake2b(digest_size=16) for split in SPLITS}  # verified by load_data
         content_hash = hashlib.sha256()
@@ -96,7 +95,7 @@ def _prepare(source: Source, tokenizer_name: str, out: Path, request: dict, seed
         max_id = -1
         with files["train"], files["val"]:
             index = 0
-            for chunk in _chunks(source.documents(), chunk_chars):
+            for chunk in chunks(source.documents(), chunk_chars):
                 for doc in chunk:
                     content_hash.update(doc.encode("utf-8", errors="replace") + b"\0")
                 keep = [(i, d) for i, d in enumerate(chunk, start=index) if d.strip()]
@@ -136,13 +135,12 @@ def _prepare(source: Source, tokenizer_name: str, out: Path, request: dict, seed
             "dtype": dtype.name, "splits": stats, "replaced_bytes": source.replaced_bytes[0],
             "seconds": round(time.perf_counter() - start, 2),
         }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_json(tmp / "meta.json", meta)
+    short = ""
+    if tokenizer.name.startswith("bpe:") and tokenizer.vocab_size < int(tokenizer.name[4:]):
+        short = f": the corpus supports no more merges than that, not {int(tokenizer.name[4:]):,}"
     log(f"prepared {out}: {stats['train']['tokens']:,} train / {stats['val']['tokens']:,} val tokens "
-        f"({tokenizer.name}, vocab {tokenizer.vocab_size}) in {meta['seconds']:.1f}s")
+        f"({tokenizer.name}, vocab {tokenizer.vocab_size:,}{short}) in {meta['seconds']:.1f}s")
     return meta
 
 
@@ -154,7 +152,7 @@ def _existing_meta(out: Path, request: dict) -> dict | None:
         if out.is_dir() and not any(out.iterdir()):
             return None
         raise UserError(f"{out} exists and is not an nlq data directory; choose another --out or pass --overwrite")
-    meta = json.loads(meta_path.read_text())
+    meta = read_json(meta_path, "the meta of a prepared dataset; choose another --out or pass --overwrite")
     differs = [k for k, v in request.items() if meta.get(k) != v]
     if differs:
         raise UserError(
@@ -162,16 +160,6 @@ def _existing_meta(out: Path, request: dict) -> dict | None:
             f"choose another --out or pass --overwrite"
         )
     return meta
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out)
 
 
 # ---- reading ---------------------------------------------------------------------------------------

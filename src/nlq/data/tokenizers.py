@@ -119,13 +119,14 @@ def gpt2(local_dir: str | None = None) -> TiktokenTokenizer:
 
 
 TOKENIZER_NAMES = "byte, bpe:N (e.g. bpe:8192), gpt2 or gpt2:DIR"
+BPE_MAX = 2**20  # far beyond any corpus nlq prepares; a larger N is a typo
 
 
 def check_tokenizer_name(name: str) -> None:
     kind, _, arg = name.partition(":")
     if kind == "bpe":
-        if not arg.isdigit() or not 258 <= int(arg) <= 2**32 - 1:
-            raise UserError(f"tokenizer {name!r}: bpe needs a vocabulary size >= 258, e.g. bpe:8192")
+        if not arg.isdigit() or not 258 <= int(arg) <= BPE_MAX:
+            raise UserError(f"tokenizer {name!r}: bpe needs a vocabulary size from 258 to {BPE_MAX:,}, e.g. bpe:8192")
     elif kind not in ("byte", "gpt2") or (kind == "byte" and arg):
         raise UserError(f"unknown tokenizer {name!r}; valid: {TOKENIZER_NAMES}")
 
@@ -159,3 +160,14 @@ def load_tokenizer(directory: str | Path, name: str):
             raise UserError(f"{path} is missing; prepare the data again with nlq prepare")
         return BPETokenizer(Tokenizer.from_file(str(path)), name)
     raise UserError(f"unknown tokenizer {name!r} in {directory}; valid: {TOKENIZER_NAMES}")
+
+
+def encode_text(tokenizer, text: str, what: str) -> np.ndarray:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"{what} holds bytes that are not valid UTF-8, which the tokenizer cannot encode") from None
+    (ids,) = tokenizer.encode_batch([text])
+    if len(ids) == 0:
+        raise UserError(f"{what} is empty: it encodes to no tokens")
+    return ids

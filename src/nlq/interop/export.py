@@ -6,7 +6,8 @@
   trust_remote_code=True), so it computes exactly what nlq computes. Encoders load as AutoModelForMaskedLM.
 - Weights in safetensors; the run's tokenizer as tokenizer.json (+ tokenizer_config.json), so the directory
   works with AutoTokenizer and lm-evaluation-harness's HF backend.
-Written into a temporary directory beside OUT_DIR and renamed into place when complete.
+Written into a temporary directory beside OUT_DIR and renamed into place when complete. OUT_DIR is marked
+(nlq_export.json), and --overwrite replaces only an earlier export, never a run, a dataset or another folder.
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
-import tempfile
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
-import torch
 
 from nlq.errors import UserError
+from nlq.fileio import atomic_directory, is_empty_dir, overlaps, remove_stale, stale_siblings, write_json
+from nlq.interop.load import gpt2_state
+from nlq.lock import directory_lock
+from nlq.runs.checkpoint import resolve_checkpoint
+from nlq.runs.rundir import load_model, run_dir_of, tokenizer_folder
 
 SHIPPED_SOURCES = {"nlq_errors.py": "errors.py", "nlq_config.py": "config.py", "nlq_projections.py": "projections.py",
                    "nlq_model.py": "model.py"}
+EXPORT_MARK = "nlq_export.json"  # what makes a directory an nlq export, which --overwrite may replace
 EOT = "<|endoftext|>"
 MASK = "<|mask|>"
 
@@ -39,33 +43,41 @@ def is_plain_gpt2(cfg) -> bool:
 
 def export_hf(source: str | Path, out_dir: str | Path, overwrite: bool = False) -> str:
     """Export a run (its latest checkpoint) or a checkpoint file; returns a one-line description."""
-    from nlq.generate import load_model
-
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"{out} exists and is not empty; choose another directory or pass --overwrite")
-    model, config, payload = load_model(source)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        if is_plain_gpt2(config.model):
-            kind = _write_gpt2(model, config.model, tmp)
-        else:
-            kind = _write_custom(model, config.model, tmp)
-        tokenizer_note = write_tokenizer(Path(payload["path"]), tmp, masked=not config.model.causal)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    check_export_target(out, source, overwrite)
+    with directory_lock(out, f"export directory {out}"):
+        remove_stale(out.parent, stale_siblings(out))  # a killed export's temporary directory
+        model, config, payload = load_model(source)
+        with atomic_directory(out) as tmp:
+            if is_plain_gpt2(config.model):
+                kind = _write_gpt2(model, config.model, tmp)
+            else:
+                kind = _write_custom(model, config.model, tmp)
+            tokenizer_note = write_tokenizer(Path(payload["path"]), tmp, masked=not config.model.causal)
+            write_json(tmp / EXPORT_MARK, {"source": str(Path(payload["path"]).resolve()), "step": payload["step"]})
     return f"exported step {payload['step']} of {payload['path']} to {out} as {kind}; {tokenizer_note}"
+
+
+def check_export_target(out: Path, source: str | Path, overwrite: bool) -> None:
+    """OUT must not be, contain or lie inside the run it exports; an existing, non-empty OUT is replaced only with
+    --overwrite and only when it is an earlier export."""
+    source = Path(source)
+    run = run_dir_of(resolve_checkpoint(source)) if source.exists() else source
+    for what, path in (("the run", run), ("the checkpoint", source)):
+        if path.exists() and overlaps(out, path if path.is_dir() else path.parent):
+            raise UserError(f"{out} is, contains or lies inside {what} being exported ({path}); choose an output "
+                            f"directory outside it")
+    if not out.exists() or is_empty_dir(out):
+        return
+    if not (out / EXPORT_MARK).is_file():
+        raise UserError(f"{out} exists and is not an nlq export (no {EXPORT_MARK}); nlq replaces only its own exports, "
+                        f"even with --overwrite: choose a new or empty directory")
+    if not overwrite:
+        raise UserError(f"{out} holds an earlier export; pass --overwrite to replace it or choose another directory")
 
 
 def _write_gpt2(model, cfg, out: Path) -> str:
     from transformers import GPT2Config, GPT2LMHeadModel
-
-    from nlq.interop.load import gpt2_state
 
     hf_config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
                            n_head=cfg.n_head, n_inner=cfg.mlp_hidden, layer_norm_epsilon=cfg.norm_eps,
@@ -108,17 +120,17 @@ def _write_custom(model, cfg, out: Path) -> str:
 # ---- the tokenizer -----------------------------------------------------------------------------------------
 
 def write_tokenizer(checkpoint: Path, out: Path, masked: bool = False) -> str:
-    """The run's tokenizer as a transformers fast tokenizer (tokenizer.json + tokenizer_config.json)."""
+    """The run's tokenizer as a transformers fast tokenizer (tokenizer.json + tokenizer_config.json): from the run
+    directory, or from the files a checkpoint carries when it was copied out of its run."""
     from transformers import PreTrainedTokenizerFast
 
-    run_dir = checkpoint.parent.parent
-    meta_path = run_dir / "data_meta.json"
-    if not meta_path.is_file():
-        return f"no tokenizer written ({run_dir} has no data_meta.json)"
-    name = json.loads(meta_path.read_text())["tokenizer"]
-    backend = _backend_tokenizer(run_dir, name)
+    found = tokenizer_folder(checkpoint)
+    if found is None:
+        return f"no tokenizer written ({checkpoint} has no data_meta.json beside it and carries no tokenizer)"
+    folder, name = found
+    backend = _backend_tokenizer(folder, name)
     if backend is None:
-        return f"no tokenizer written (tokenizer {name}: GPT-2's vocab.bpe and encoder.json are not in {run_dir})"
+        return f"no tokenizer written (tokenizer {name}: GPT-2's vocab.bpe and encoder.json are not in {folder})"
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOT, bos_token=EOT, pad_token=EOT,
                                         model_max_length=10**9)
     if masked:

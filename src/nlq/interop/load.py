@@ -13,16 +13,18 @@ from pathlib import Path
 
 import torch
 
+from nlq.config import RunConfig, update
 from nlq.errors import UserError
+from nlq.model import Transformer
+from nlq.runs import checkpoint as ckpt
+from nlq.runs.rundir import save_config
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 PAPER_MODES = {"original": "linear", "identity": "identity", "residual": "residual", "residual_gelu": "nonlinear"}
 
 
 def _torch_load(path: Path) -> dict:
-    from nlq.training.checkpoint import looks_like_torch_file
-
-    if not looks_like_torch_file(path):
+    if not ckpt.looks_like_torch_file(path):
         raise UserError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive); give the ckpt.pt "
                         f"file, or a Hugging Face model directory")
     try:
@@ -118,15 +120,13 @@ def gpt2_state(state: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
 def paper_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict]:
     """The paper's ckpt.pt -> (nlq model fields, nlq state dict, {"mode", "step"}). The softmax scale is the
     paper's own (model_args["scale"]), set as model.attn_scale, so every mode computes exactly what it did."""
-    from nlq.training.checkpoint import clean_state_dict
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
     payload = _torch_load(path)
     if not isinstance(payload, dict) or "model" not in payload or "model_args" not in payload:
         raise UserError(f"{path} is not a nanoGPT-style checkpoint (a dict with 'model' and 'model_args')")
-    args, state = payload["model_args"], clean_state_dict(payload["model"])
+    args, state = payload["model_args"], ckpt.clean_state_dict(payload["model"])
     mode = args.get("query_mode", "original")
     if mode not in PAPER_MODES:
         raise UserError(f"{path}: query_mode {mode!r} is unknown; the paper's modes are {', '.join(PAPER_MODES)}")
@@ -175,9 +175,6 @@ def source_weights(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], str
     """(model fields, state dict, what it is) of an nlq run or checkpoint, a HF GPT-2 directory, or a paper ckpt."""
     from dataclasses import asdict
 
-    from nlq.config import RunConfig
-    from nlq.training import checkpoint as ckpt
-
     path = Path(path)
     if path.is_dir() and is_hf_gpt2_dir(path):
         fields, state = hf_gpt2(path)
@@ -188,7 +185,7 @@ def source_weights(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], str
             fields, state, info = paper_checkpoint(path)
             return fields, state, f"the paper's checkpoint {path} (mode {info['mode']})"
     payload = ckpt.load_checkpoint(path)
-    model = asdict(RunConfig.from_dict({"model": payload["config"].get("model") or {}}).model)
+    model = asdict(ckpt.payload_config(payload).model)
     return model, payload["model"], f"nlq checkpoint {payload['path']}"
 
 
@@ -220,9 +217,6 @@ def load_initial_weights(model: torch.nn.Module, path: str | Path) -> list[str]:
 def import_run(source: str | Path, out: str | Path) -> str:
     """An nlq run directory (config.json, checkpoints/step_N.pt with weights only, data_meta.json) from a
     checkpoint trained elsewhere; nlq eval, sample and export accept it, and train.init_from starts from it."""
-    from nlq.config import RunConfig, update
-    from nlq.training import checkpoint as ckpt
-
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty; choose another --out")
@@ -232,12 +226,10 @@ def import_run(source: str | Path, out: str | Path) -> str:
         payload = _torch_load(Path(source))
         step = int(payload.get("iter_num", payload.get("step", 0))) if isinstance(payload, dict) else 0
     config = update(RunConfig(), {"model": fields})
-    from nlq.model import Transformer
-
     model = Transformer(config.model)
     model.load_state_dict(state)  # every weight must be there: a check before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    config.save(out / "config.json")
+    save_config(config, out / "config.json")
     tokenizer = "gpt2" if fields["vocab_size"] in (50257, 50304) else None
     if tokenizer:  # GPT-2's BPE (tiktoken; offline NLQ_GPT2_DIR); padded vocabularies hold it too
         (out / "data_meta.json").write_text(json.dumps({"tokenizer": "gpt2", "vocab_size": 50257,

@@ -105,6 +105,14 @@ def power_paired_t(effect: float, sd: float, n: int, confidence: float = 0.95) -
     return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
 
 
+def pairs_needed(effect: float, sd: float, power: float = 0.8, confidence: float = 0.95, most: int = 10_000) -> int | None:
+    """The fewest pairs whose paired t test finds a true difference `effect` with this power (None beyond most)."""
+    for n in range(3, most + 1):
+        if power_paired_t(effect, sd, n, confidence) >= power:
+            return n
+    return None
+
+
 def power_equivalence(true: float, sd: float, n: int, margin: float, alpha: float = 0.05) -> float:
     """Power of the equivalence test (TOST at alpha, margins +-margin) when the true mean difference is `true`:
     the probability that the 1 - 2 alpha interval lies inside the margins, integrated over the sample sd."""
@@ -120,3 +128,22 @@ def power_equivalence(true: float, sd: float, n: int, margin: float, alpha: floa
 
     x_max = df * (margin * math.sqrt(n) / (critical * sd)) ** 2  # beyond it the interval is wider than the margins
     return float(integrate.quad(inside, 0.0, x_max, limit=200)[0])
+
+
+def relative_change(baseline: float, variant: float) -> float:
+    """(baseline - variant) / baseline: positive means the variant is lower (better)."""
+    return (baseline - variant) / baseline
+
+
+def fit_loss_vs_params(params: list[float], losses: list[float]) -> tuple[float, float] | None:
+    """Least-squares loss = a + b ln(N); None when the fit is impossible or loss does not fall with N."""
+    if len(set(params)) < 2:
+        return None
+    b, a = np.polyfit(np.log(np.asarray(params, dtype=float)), np.asarray(losses, dtype=float), 1)
+    return (float(a), float(b)) if b < 0 else None
+
+
+def equivalent_params(fit: tuple[float, float], loss: float) -> float:
+    """N at which the fitted baseline family reaches `loss`."""
+    a, b = fit
+    return math.exp((loss - a) / b)

@@ -1,5 +1,5 @@
-"""Run logging: metrics.jsonl (one JSON object per line), a progress bar on a terminal or plain periodic
-lines otherwise, and TensorBoard / Weights & Biases (offline) when installed and asked for."""
+"""Run logging: metrics.jsonl (one JSON object per line; runs/metrics.py reads it), a progress bar on a terminal
+or plain periodic lines otherwise, and TensorBoard / Weights & Biases (offline) when installed and asked for."""
 
 from __future__ import annotations
 
@@ -9,31 +9,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-
-def read_metrics(path: Path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a killed process
-            continue
-    return records
-
-
-def write_metrics(path: Path, records: list[dict]) -> None:
-    """Replace metrics.jsonl with these records, atomically."""
-    tmp = Path(path).with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep records up to last_step: a resumed run redoes the steps after its checkpoint."""
-    write_metrics(path, [r for r in read_metrics(path) if r.get("step", 0) <= last_step])
 
 
 class MetricsLogger:

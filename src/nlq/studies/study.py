@@ -1,26 +1,30 @@
 """Studies: variants x seeds (x peak learning rates), every run of a seed on the identical batch plan.
 
-A study is code: a function returning a Study built from a base config plus per-variant deltas. Each run
-lives in its own run directory under STUDY_DIR/runs; starting a study again skips finished runs and
-resumes unfinished ones from their last checkpoint.
+A study is code: a function returning a Study built from a base config plus per-variant deltas, its design
+settings as data (Study.settings, written to study.json for its report). Each run lives in its own run
+directory under STUDY_DIR/runs; starting a study again skips finished runs and resumes unfinished ones from
+their last checkpoint. N processes can share a study (run_study(shard=(k, n))). The named studies are in
+the family modules beside this one; registry.py names them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nlq.config import RunConfig, apply_overrides, update
-from nlq.errors import UserError
-from nlq.presets import get_preset
+from nlq.config import RunConfig, update
+from nlq.data.shards import prepare
+from nlq.errors import LockHeld, UserError
+from nlq.fileio import read_json, write_json
+from nlq.overrides import apply_overrides
+from nlq.runs import checkpoint as ckpt
+from nlq.runs.rundir import save_config
+from nlq.training.trainer import train
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class Study:
     # Studies whose later runs depend on earlier results (e.g. the lr an lr sweep picked) run in stages:
     # stages(study_dir) yields lists of runs, and each list is finished before the next is asked for.
     stages: Callable[[Path], Iterator[list[Run]]] | None = None
-    report: str = "comparison"  # which report nlq report writes: "comparison", "scaling", "probes" or "verdict"
+    report: str = "comparison"  # which report nlq report writes (registry.REPORTS)
     settings: dict = field(default_factory=dict)  # the study's own design settings, written to study.json
 
     def runs(self) -> list[Run]:
@@ -104,127 +108,6 @@ class Run:
         return apply_overrides(update(config, self.changes), overrides)
 
 
-# ---- the named studies -----------------------------------------------------------------------------
-
-def _paper_variants(mlp: bool = True) -> list[Variant]:
-    variants = [
-        Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
-        Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
-        Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)"),
-        Variant("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, linear control"),
-    ]
-    if mlp:
-        variants += [
-            Variant("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)"),
-            Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)"),
-        ]
-    return variants
-
-
-def cpu_base() -> RunConfig:
-    """The CPU comparison's model and recipe; why these numbers: docs/RESULTS.md."""
-    config = get_preset("micro")  # 4 layers, d 128, 4 heads, context 128
-    return update(config, {
-        "model": {"vocab_size": 2048},
-        "train": {"max_steps": 600, "batch_size": 16, "lr": 2e-3, "min_lr": 2e-4, "warmup_steps": 50,
-                  "eval_every": 100, "checkpoint_every": 100, "keep_checkpoints": 1, "log_every": 50},
-        "data": {"eval_windows": 256},
-    })
-
-
-CPU_DATA = DataSpec("shakespeare", "bpe:2048")
-WIDTH_FAMILY = ["linear", "linear-mlp4.5", "linear-mlp4.75"]
-
-
-def cpu() -> Study:
-    return Study("cpu", "the paper's comparison at CPU scale: 6 variants x 3 seeds on Shakespeare",
-                 cpu_base(), _paper_variants(), seeds=[1, 2, 3], data=CPU_DATA, width_family=WIDTH_FAMILY)
-
-
-def cpu_lr() -> Study:
-    base = update(cpu_base(), {"train": {"max_steps": 300, "warmup_steps": 30, "eval_every": 100,
-                                         "checkpoint_every": 100}})
-    variants = _paper_variants() + [
-        Variant("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
-    ]
-    return Study("cpu-lr", "each variant at several peak learning rates, compared at its best (paper.md section 6)",
-                 base, variants, seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3], width_family=WIDTH_FAMILY)
-
-
-def encoder() -> Study:
-    """The W_Q absorption argument holds for any mask; here the encoder, trained with masked LM."""
-    base = update(cpu_base(), {"model": {"causal": False, "vocab_size": 2112},  # bpe:2048 + mask token
-                               "train": {"objective": "mlm"}})
-    variants = [v for v in _paper_variants(mlp=False) if v.name in ("linear", "nonlinear", "identity")]
-    return Study("encoder", "masked-LM encoder on Shakespeare: linear vs nonlinear vs identity query",
-                 base, variants, seeds=[1, 2, 3], data=CPU_DATA)
-
-
-def kvo() -> Study:
-    """Which placements of the nonlinear projection help: q (the paper), k, v, o, and q + k."""
-    def placed(name: str, note: str, **projections) -> Variant:
-        return Variant(name, {"model": {"projections": projections}}, note)
-
-    variants = [
-        placed("linear", "baseline: every projection linear"),
-        placed("q-nonlinear", "Q = (X + f(X)) / 2, the paper", q="nonlinear"),
-        placed("k-nonlinear", "K = (X + f(X)) / 2", k="nonlinear"),
-        placed("v-nonlinear", "V = (X + f(X)) / 2", v="nonlinear"),
-        placed("o-nonlinear", "output = (Y + f(Y)) / 2", o="nonlinear"),
-        placed("qk-nonlinear", "both Q and K nonlinear", q="nonlinear", k="nonlinear"),
-    ]
-    return Study("kvo", "the nonlinear projection at each placement: q, k, v, o, q+k", cpu_base(), variants,
-                 seeds=[1, 2, 3], data=CPU_DATA)
-
-
-def paper() -> Study:
-    """GPT-3 small on OpenWebText with GPT-2 BPE, as the paper (for GPUs). The nonlinear run at the paper's
-    higher peak lr is included beside the lr-matched one."""
-    variants = [
-        Variant("linear", {"model": {"query": "linear"}}, "baseline, lr 6e-4"),
-        Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method at the baseline's lr"),
-        Variant("nonlinear-lr3.6e-3", {"model": {"query": "nonlinear"}, "train": {"lr": 3.6e-3, "min_lr": 2e-5}},
-                "the method at the paper's v3 lr"),
-        Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (+12.5%)"),
-    ]
-    return Study("paper", "the paper's GPT-3-small recipe (60k steps of 491,520 tokens)", get_preset("gpt3-small"),
-                 variants, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))
-
-
-def scaling() -> Study:
-    from nlq.scaling import scaling
-
-    return scaling()
-
-
-def scaling_shared_lr() -> Study:
-    from nlq.scaling import scaling_shared_lr
-
-    return scaling_shared_lr()
-
-
-def probes() -> Study:
-    from nlq.probes import probes
-
-    return probes()
-
-
-def verdict() -> Study:
-    from nlq.verdict import verdict
-
-    return verdict()
-
-
-STUDIES = {"cpu": cpu, "cpu-lr": cpu_lr, "paper": paper, "encoder": encoder, "kvo": kvo, "scaling": scaling,
-           "scaling-shared-lr": scaling_shared_lr, "probes": probes, "verdict": verdict}
-
-
-def get_study(name: str) -> Study:
-    if name not in STUDIES:
-        raise UserError(f"unknown study {name!r}; valid studies: {', '.join(STUDIES)}")
-    return STUDIES[name]()
-
-
 # ---- running ---------------------------------------------------------------------------------------
 
 def run_finished(run_dir: Path, max_steps: int) -> bool:
@@ -233,8 +116,8 @@ def run_finished(run_dir: Path, max_steps: int) -> bool:
     if not summary.is_file():
         return False
     try:
-        return (json.loads(summary.read_text()).get("final_step") or 0) >= max_steps
-    except json.JSONDecodeError:  # cut short by a kill while written: the run is redone from its checkpoint
+        return (read_json(summary, "a run summary").get("final_step") or 0) >= max_steps
+    except (UserError, TypeError):  # cut short by a kill while written: the run is redone from its checkpoint
         return False
 
 
@@ -246,9 +129,6 @@ def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=
         return Path(data_dir)
     if study.data.source == "task":  # synthetic tasks are generated on the fly: nothing to prepare
         return None
-    from nlq.data.shards import prepare
-    from nlq.lock import LockHeld
-
     out = study_dir / "data"
     while True:
         try:
@@ -280,11 +160,11 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
                                         "data_meta": _data_meta(data) if data else None,
                                         "code": code_versions(study_dir / "study.json"), "runs": recorded}
-        _write_json(study_dir / "study.json", described)
+        write_json(study_dir / "study.json", described)
         if shard is None:
             done_dirs += _run_stage(stage, configs, study_dir, log)
             continue
-        mine = _shard_indices(stage, *shard)
+        mine = shard_indices(stage, *shard)
         done_dirs += _run_stage([stage[i] for i in mine], [configs[i] for i in mine], study_dir, log)
         _wait_for_others(stage, configs, study_dir, shard, log)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
@@ -308,11 +188,43 @@ def code_version() -> str | None:
 def code_versions(study_json: Path) -> list[str]:
     """Every code version that has run this study: the ones study.json already records, then this one."""
     try:
-        earlier = json.loads(study_json.read_text()).get("code") or []
-    except (OSError, json.JSONDecodeError, AttributeError):
+        earlier = read_json(study_json, "the study's description").get("code") or []
+    except (OSError, UserError):
         earlier = []
     now = code_version()
     return list(earlier) + ([now] if now and now not in earlier else [])
+
+
+def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
+              shard: tuple[int, int] | None = None) -> str:
+    """What run_study would train, without training anything (--dry-run): per stage the runs (of this shard),
+    their device, steps, lr and tokens still to train, and the totals. A stage that depends on the results of
+    an earlier one is named, not listed."""
+    study_dir, overrides = Path(study_dir), overrides or []
+    data = Path(data_dir) if data_dir else study_dir / "data"
+    lines = [f"study {study.name} into {study_dir}" + (f", shard {shard[0]}/{shard[1]}" if shard else "")
+             + f": {study.description}"]
+    stages = study.run_stages(study_dir)
+    total_runs = total_tokens = 0
+    for number in range(1, 100):
+        try:
+            stage = next(stages)
+        except StopIteration:
+            break
+        except (UserError, OSError, KeyError):
+            lines.append(f"stage {number}: depends on the results of stage {number - 1}, which are not there yet")
+            break
+        mine = shard_indices(stage, *shard) if shard else range(len(stage))
+        lines.append(f"stage {number}: {len(mine)} of {len(stage)} runs")
+        for i in mine:
+            config = stage[i].config(overrides, data)
+            steps = _steps_to_train(study_dir / "runs" / stage[i].name, config)
+            tokens = steps * (config.train.batch_tokens or config.train.batch_size * config.model.block_size)
+            total_runs, total_tokens = total_runs + 1, total_tokens + tokens
+            lines.append(f"  {stage[i].name}: device {config.train.device}, {config.train.max_steps:,} steps at lr "
+                         f"{config.train.lr:g}, {tokens:,} tokens to train")
+    lines.append(f"in all: {total_runs} runs, {total_tokens:,} tokens to train")
+    return "\n".join(lines)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -326,7 +238,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
-def _shard_indices(runs: list[Run], k: int, n: int) -> list[int]:
+def shard_indices(runs: list[Run], k: int, n: int) -> list[int]:
     """Indices of the runs of shard k of n: groups in order of first appearance, dealt round-robin."""
     groups = list(dict.fromkeys(r.chain for r in runs))
     mine = {g for i, g in enumerate(groups) if i % n == k - 1}
@@ -334,31 +246,39 @@ def _shard_indices(runs: list[Run], k: int, n: int) -> list[int]:
 
 
 WAIT_POLL_S = 20.0  # how often a shard looks whether the others have finished a stage
+WAIT_UNSTARTED_S = 3600.0  # how long a shard waits for shards that have not started a single run of the stage
 
 
 def _wait_for_others(runs: list[Run], configs: list[RunConfig], study_dir: Path, shard: tuple[int, int], log) -> None:
+    owner = {}  # run name -> the shard that runs it
+    for k in range(1, shard[1] + 1):
+        owner |= {runs[i].name: k for i in shard_indices(runs, k, shard[1])}
     waited, poll_s = 0.0, WAIT_POLL_S
     while True:
         pending = [r.name for r, c in zip(runs, configs) if not run_finished(study_dir / "runs" / r.name, c.train.max_steps)]
         if not pending:
             return
+        idle = sorted({owner[name] for name in pending} - {owner[r.name] for r in runs if (study_dir / "runs" / r.name).exists()})
+        if idle and waited >= WAIT_UNSTARTED_S:
+            listed = ", ".join(f"{k}/{shard[1]}" for k in idle[:5]) + (" ..." if len(idle) > 5 else "")
+            raise UserError(f"shard {shard[0]}/{shard[1]}: shard(s) {listed} have not started any of their runs in "
+                            f"{waited / 60:.0f} min; start them (nlq study ... --shard K/{shard[1]} for each K), or run "
+                            f"this study with fewer shards; finished runs are kept")
         if waited == 0 or waited // 600 != (waited - poll_s) // 600:  # at the start, then every 10 minutes
             log(f"shard {shard[0]}/{shard[1]}: waiting for {len(pending)} run(s) of the other shards "
-                f"(e.g. {pending[0]}) to finish this stage")
+                f"(e.g. {pending[0]}, shard {owner[pending[0]]}/{shard[1]}) to finish this stage")
         time.sleep(poll_s)
         waited += poll_s
 
 
 def _data_meta(data_dir: Path) -> dict:
     """What ties a study's results to its corpus: source (with versions), tokenizer, content hash, tokens."""
-    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    meta = read_json(Path(data_dir) / "meta.json", "the meta of the study's prepared data")
     return {k: meta.get(k) for k in ("source", "tokenizer", "source_hash", "splits")}
 
 
 def _steps_to_train(run_dir: Path, config: RunConfig) -> int:
     """Steps a run still has to train: from its own latest checkpoint, or from the checkpoint it branches from."""
-    from nlq.training import checkpoint as ckpt
-
     if run_finished(run_dir, config.train.max_steps):
         return 0
     start = ckpt.latest_checkpoint(run_dir) or (config.train.resume_from and Path(config.train.resume_from))
@@ -380,7 +300,7 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) 
         _train_run(config, run_dir)
         seconds += time.perf_counter() - run_start
         steps_done += steps_left[index - 1]
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_json(run_dir / "summary.json", "a run summary")
         log(f"[{index}/{len(runs)}] {run.name}: val loss {summary['val_loss']:.4f} "
             f"({summary['tokens_per_s']:,.0f} tok/s, {time.perf_counter() - run_start:.0f}s)")
     return done_dirs
@@ -389,23 +309,14 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) 
 def _train_run(config: RunConfig, run_dir: Path) -> None:
     nproc = config.dist.nproc
     if nproc == 1:
-        from nlq.training.trainer import train
-
         train(config, run_dir, resume=True, quiet=True)
         return
     # several processes per run: torchrun, with the run's config in a file beside it
     run_dir.mkdir(parents=True, exist_ok=True)
     request = run_dir / "requested_config.json"
-    config.save(request)
+    save_config(config, request)
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
                "-m", "nlq", "train", "--out", str(run_dir), "--config", str(request), "--resume"]
     result = subprocess.run(command)
     if result.returncode != 0:
         raise UserError(f"run {run_dir.name} failed under torchrun (exit {result.returncode}); see its output above")
-
-
-def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")  # shards write study.json too
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    tmp.replace(path)
-

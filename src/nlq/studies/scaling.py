@@ -1,4 +1,5 @@
-"""`nlq study scaling`: how the nonlinear query's effect moves with training tokens per parameter and width.
+"""`nlq study scaling`: how the nonlinear query's effect moves with training tokens per parameter and width;
+`nlq study scaling-shared-lr`, its learning-rate control; and their report.
 
 The paper trains 85M non-embedding parameters on ~350 tokens per parameter; the `cpu` study trains 0.8M on
 ~1.5. This study fills the axis between: widths d 64 and d 128 at 2 layers each (width is the only thing
@@ -8,37 +9,39 @@ installed packages, 46M train tokens with bpe:2048, so no budget repeats a token
 
 Stage 1, lr sweep: each (width, variant) at three peak lrs, one seed, a short budget; the lowest val loss
 picks the variant's lr for stage 2 (the report says whether the best lr differs between variants).
-Stage 2, budgets: warmup-stable-decay. For each (width, variant, seed) one stable run goes in segments to
-the start of each budget's cooldown; from each segment's checkpoint a branch cools down (the last 20% of
-the budget, 1 - sqrt) to that budget. Every budget costs only its cooldown beyond the longest stable run;
-tests/test_training.py checks that a branch equals a straight run of the same budget bitwise.
+Stage 2, budgets: warmup-stable-decay branches (wsd.py), the last 20% of each budget a 1 - sqrt cooldown.
+The widths, budgets, lrs and seeds are the study's settings, written to study.json; the report reads them there.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from nlq.config import RunConfig, update
+from nlq.fileio import atomic_write, read_json
 from nlq.presets import get_preset
-from nlq.study import DataSpec, Run, Study, Variant
-from nlq.training.schedule import cooldown_start
+from nlq.studies.plots import plt, save_figure
+from nlq.studies.stats import paired_difference
+from nlq.studies.study import DataSpec, Run, Study, Variant
+from nlq.studies.tables import load_summaries, write_runs_csv
+from nlq.studies.wsd import budget_steps, chain_tokens, merged, wsd_chain
 
 VARIANTS = [
     Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
     Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
     Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)"),
 ]
-# width -> (model shape, token budgets in tokens per non-embedding parameter, lrs to sweep, sweep budget)
+# width -> model shape, budgets in tokens per non-embedding parameter, lrs to sweep, the sweep's budget
 WIDTHS = {
-    "d64": (dict(n_layer=2, n_head=4, n_embd=64), [2, 5, 10, 20, 50, 100, 300], [2e-3, 4e-3, 8e-3], 10),
-    "d128": (dict(n_layer=2, n_head=4, n_embd=128), [2, 5, 10, 20], [1e-3, 2e-3, 4e-3], 3),
+    "d64": {"shape": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "budgets": [2, 5, 10, 20, 50, 100, 300],
+            "lrs": [2e-3, 4e-3, 8e-3], "sweep_tpp": 10},
+    "d128": {"shape": {"n_layer": 2, "n_head": 4, "n_embd": 128}, "budgets": [2, 5, 10, 20],
+             "lrs": [1e-3, 2e-3, 4e-3], "sweep_tpp": 3},
 }
 SEEDS = [1, 2, 3]
-SWEEP_SEED = 1
 DATA = DataSpec("pypkg", "bpe:2048")
 
 
@@ -52,34 +55,15 @@ def base() -> RunConfig:
     })
 
 
-def non_embedding_parameters(config: RunConfig) -> int:
-    from nlq.model import Transformer
-
-    with torch.device("meta"):
-        return Transformer(config.model).num_parameters()
-
-
-def budget_steps(config: RunConfig, width: str, tpp: float) -> int:
-    """Steps for tpp tokens per non-embedding parameter of the width's linear baseline (every variant of a
-    width gets the same tokens)."""
-    linear = update(config, {"model": dict(WIDTHS[width][0], query="linear", mlp_ratio=4.0)})
-    tokens_per_step = config.train.batch_size * config.model.block_size
-    return max(1, round(tpp * non_embedding_parameters(linear) / tokens_per_step))
-
-
-def _width_changes(width: str) -> dict:
-    return {"model": dict(WIDTHS[width][0])}
-
-
 def sweep_runs(study: Study) -> list[Run]:
     runs = []
-    for width, (_, _, lrs, tpp) in WIDTHS.items():
-        steps = budget_steps(study.base, width, tpp)
-        changes = update_nested(_width_changes(width), {"train": {"max_steps": steps, "eval_every": steps}})
-        for lr in lrs:
+    for width, spec in study.settings["widths"].items():
+        steps = budget_steps(study.base, spec["shape"], spec["sweep_tpp"])
+        changes = merged({"model": dict(spec["shape"])}, {"train": {"max_steps": steps, "eval_every": steps}})
+        for lr in spec["lrs"]:
             for variant in study.variants:
-                runs.append(Run(study, variant, SWEEP_SEED, lr, changes, tag=f"sweep-{width}",
-                                labels={"stage": "lr-sweep", "width": width, "tpp": tpp}))
+                runs.append(Run(study, variant, study.settings["sweep_seed"], lr, changes, tag=f"sweep-{width}",
+                                labels={"stage": "lr-sweep", "width": width, "tpp": spec["sweep_tpp"]}))
     return runs
 
 
@@ -87,7 +71,7 @@ def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
     """(width, variant) -> the swept lr with the lowest final val loss."""
     best: dict[tuple[str, str], tuple[float, float]] = {}
     for run in runs:
-        summary = json.loads((study_dir / "runs" / run.name / "summary.json").read_text())
+        summary = read_json(study_dir / "runs" / run.name / "summary.json", "a run summary")
         key = (run.labels["width"], run.variant.name)
         if key not in best or summary["val_loss"] < best[key][1]:
             best[key] = (run.lr, summary["val_loss"])
@@ -95,107 +79,67 @@ def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
 
 
 def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float],
-                budgets_by_width: dict[str, list[float]] | None = None) -> list[Run]:
-    """Per (width, seed, variant) chain: a stable segment to each budget's cooldown start, then that budget's
-    branch. Budget-major order: every chain reaches a budget before any goes on to the next, so a study cut
-    short has all seeds and variants of its smaller budgets (each chain's runs stay in order).
-    budgets_by_width: the widths and budgets to run (default: all of WIDTHS)."""
+                budgets_by_width: dict[str, list[float]]) -> list[Run]:
+    """Per (width, seed, variant) a WSD chain (wsd.py). Budget-major order: every chain reaches a budget before
+    any goes on to the next, so a study cut short has all seeds and variants of its smaller budgets (each chain's
+    runs stay in order)."""
     chains = []
-    if budgets_by_width is None:
-        budgets_by_width = {width: budgets for width, (_, budgets, _, _) in WIDTHS.items()}
     for width, budgets in budgets_by_width.items():
-        steps = [budget_steps(study.base, width, tpp) for tpp in budgets]
-        longest = max(steps)
-        for seed in SEEDS:
+        shape = study.settings["widths"][width]["shape"]
+        for seed in study.seeds:
             for variant in study.variants:
                 lr = lrs[(width, variant.name)]
-                stable = Run(study, variant, seed, None, tag=width, suffix="-stable")  # for its name
-                stable_dir = (study_dir / "runs" / stable.name).resolve()
-                chain = []
-                for tpp, budget in zip(budgets, steps):
-                    level = []
-                    start = cooldown_start(update(study.base, {"train": {"max_steps": budget}}).train)
-                    common = update_nested(_width_changes(width), {"train": {"lr": lr, "min_lr": lr * study.min_lr_ratio}})
-                    if start > 0:
-                        level.append(Run(study, variant, seed, None, update_nested(common, {"train": {
-                            "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
-                            "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
-                            labels={"stage": "stable", "width": width}, group=stable.name))
-                    branch = {"max_steps": budget, "eval_every": budget}
-                    if start > 0:
-                        branch["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
-                    level.append(Run(study, variant, seed, None, update_nested(common, {"train": branch}),
-                                     tag=f"{width}-tpp{tpp:g}",
-                                     labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget},
-                                     group=stable.name))
-                    chain.append(level)
-                chains.append(chain)
+                chains.append(wsd_chain(study, variant, seed, study_dir, width=width, shape=shape, budgets_tpp=budgets,
+                                        lr=lr, min_lr=lr * study.min_lr_ratio))
     return [run for level in range(max(map(len, chains))) for chain in chains if level < len(chain)
             for run in chain[level]]
 
 
-def update_nested(raw: dict, more: dict) -> dict:
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-    for section, values in more.items():
-        out.setdefault(section, {}).update(values)
-    return out
-
-
-def scaling() -> Study:
+def scaling(widths: dict | None = None, seeds: list[int] | None = None) -> Study:
+    widths = widths or WIDTHS
     study = Study("scaling", "the nonlinear query's effect against tokens per parameter and width (WSD branches)",
-                  base(), VARIANTS, seeds=SEEDS, data=DATA, report="scaling")
+                  base(), VARIANTS, seeds=list(seeds or SEEDS), data=DATA, report="scaling",
+                  settings={"widths": widths, "sweep_seed": 1})
 
     def stages(study_dir: Path):
         sweep = sweep_runs(study)
         yield sweep
-        yield budget_runs(study, study_dir, best_lrs(study_dir, sweep))
+        budgets = {width: spec["budgets"] for width, spec in widths.items()}
+        yield budget_runs(study, study_dir, best_lrs(study_dir, sweep), budgets)
 
     study.stages = stages
     return study
+
+
+def planned_tokens(widths: dict = WIDTHS, seeds: list[int] = SEEDS, variants: int = len(VARIANTS)) -> int:
+    """Training tokens of the whole study: the sweep, plus per (width, variant, seed) one WSD chain."""
+    config, total = base(), 0
+    for spec in widths.values():
+        sweep = budget_steps(config, spec["shape"], spec["sweep_tpp"]) * config.train.batch_size * config.model.block_size
+        total += len(spec["lrs"]) * variants * sweep
+        total += len(seeds) * variants * chain_tokens(config, spec["shape"], spec["budgets"])
+    return total
 
 
 SHARED_LR = 2e-3  # the swept best of linear and linear-mlp4.75 at both widths
 SHARED_LR_BUDGETS = {"d64": [2, 5, 10, 20]}
 
 
-def scaling_shared_lr() -> Study:
+def scaling_shared_lr(widths: dict | None = None, seeds: list[int] | None = None) -> Study:
     """The lr control for `scaling`: there each variant trains at its own swept lr (d 64: nonlinear 8e-3,
     linear 2e-3, from one seed), so a trend in Δ with tokens may come from the lr, not the query. Here linear
     and nonlinear share one peak lr, with the same budgets, seeds, corpus and WSD branches as `scaling`."""
+    widths = widths or {w: dict(WIDTHS[w], budgets=b) for w, b in SHARED_LR_BUDGETS.items()}
     study = Study("scaling-shared-lr", f"the scaling study's d64 budgets with linear and nonlinear at one peak lr "
-                  f"({SHARED_LR:g}): is the trend the query's or the lr's?", base(), VARIANTS[:2], seeds=SEEDS,
-                  data=DATA, report="scaling")
+                  f"({SHARED_LR:g}): is the trend the query's or the lr's?", base(), VARIANTS[:2],
+                  seeds=list(seeds or SEEDS), data=DATA, report="scaling", settings={"widths": widths, "lr": SHARED_LR})
 
     def stages(study_dir: Path):
-        lrs = {(width, v.name): SHARED_LR for width in SHARED_LR_BUDGETS for v in study.variants}
-        yield budget_runs(study, study_dir, lrs, SHARED_LR_BUDGETS)
+        lrs = {(width, v.name): SHARED_LR for width in widths for v in study.variants}
+        yield budget_runs(study, study_dir, lrs, {width: spec["budgets"] for width, spec in widths.items()})
 
     study.stages = stages
     return study
-
-
-def describe_budgets() -> list[str]:
-    """One line per width: parameters, budgets in tokens per parameter, tokens and steps (for docs and nlq info)."""
-    lines, config = [], base()
-    for width, (shape, budgets, lrs, tpp) in WIDTHS.items():
-        n = non_embedding_parameters(update(config, {"model": shape}))
-        steps = [budget_steps(config, width, t) for t in budgets]
-        tokens = [s * config.train.batch_size * config.model.block_size for s in steps]
-        lines.append(f"{width}: {n:,} non-embedding parameters; budgets {budgets} tokens/parameter = "
-                     f"{', '.join(f'{t / 1e6:.2f}M' for t in tokens)} tokens; lr sweep {lrs} at {tpp} tokens/parameter")
-    return lines
-
-
-def planned_tokens() -> int:
-    """Training tokens of the whole study: the sweep, plus per (width, variant, seed) the longest stable run
-    and every budget's cooldown."""
-    config, total = base(), 0
-    for width, (_, budgets, lrs, tpp) in WIDTHS.items():
-        total += len(lrs) * len(VARIANTS) * budget_steps(config, width, tpp)
-        ends = [budget_steps(config, width, t) for t in budgets]
-        starts = [cooldown_start(update(config, {"train": {"max_steps": e}}).train) for e in ends]
-        total += len(SEEDS) * len(VARIANTS) * (max(starts) + sum(e - s for s, e in zip(starts, ends)))
-    return total * config.train.batch_size * config.model.block_size
 
 
 # ---- the report ------------------------------------------------------------------------------------------
@@ -203,8 +147,6 @@ def planned_tokens() -> int:
 def build_scaling_report(study_dir: Path, study: dict) -> str:
     """report.md (lr sweep; per width and budget the paired Δ val loss of each variant vs linear),
     results.csv and scaling_delta.png (Δ against tokens per parameter, a line per width and variant, 95% band)."""
-    from nlq.report import _atomic_write, load_summaries, paired_difference, write_runs_csv
-
     runs = load_summaries(study_dir, study)
     sweep = [r for r in runs if r["stage"] == "lr-sweep"]
     budgets = [r for r in runs if r["stage"] == "budget"]
@@ -212,7 +154,7 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
              f"Corpus: `{(study.get('data_meta') or {}).get('source')}`, content hash "
              f"`{str((study.get('data_meta') or {}).get('source_hash'))[:16]}`.", "", "## Learning-rate sweep", ""]
-    lines += _sweep_table(sweep, variants)
+    lines += _sweep_table(sweep, variants, (study.get("settings") or {}).get("widths") or {})
     lines += ["", "## Δ val loss vs `linear` at each budget (variant - linear, paired by seed: same batches and "
               "shared initial weights)", "",
               "| width | tokens/param | tokens | linear val loss (mean ± std) | variant | pairs | mean Δ | 95% interval | verdict |",
@@ -254,7 +196,7 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
     write_runs_csv(study_dir / "results.csv", runs, ["name", "stage", "width", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss"])
     markdown = "\n".join(lines)
-    _atomic_write(study_dir / "report.md", markdown)
+    atomic_write(study_dir / "report.md", markdown)
     return markdown
 
 
@@ -263,10 +205,6 @@ def tpp_trends(budgets: list[dict], variants: list[str], min_points: int = 3) ->
     parameter: one least-squares slope per seed over the budgets where both runs finished, then
     paired_difference of the slopes against 0 (mean, 95% interval, verdict; 'better' = Δ falls with tokens).
     A seed with fewer than min_points budgets is left out; also holds 'span', the budgets used."""
-    import numpy as np
-
-    from nlq.report import paired_difference
-
     loss = {(r["width"], r["variant"], r["seed"], r["tpp"]): r["val_loss"] for r in budgets}
     trends = {}
     for width in dict.fromkeys(r["width"] for r in budgets):
@@ -292,7 +230,7 @@ def _std(values: list[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
+def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[str]:
     if not sweep:
         return ["No lr-sweep run has finished yet (or the study has no sweep: see its description)."]
     lines = ["| width | variant | " + " | ".join(f"lr {lr:g}" for lr in sorted({r['lr'] for r in sweep})) + " | best lr |",
@@ -311,7 +249,7 @@ def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
     lines.append("")
     for width, best in best_by_width.items():
         done = {(r["variant"], r["lr"]) for r in sweep if r["width"] == width}
-        expected = len(variants) * len(WIDTHS[width][2]) if width in WIDTHS else len(done)
+        expected = len(variants) * len(widths[width]["lrs"]) if width in widths else len(done)
         if len(done) < expected:
             lines.append(f"- {width}: sweep incomplete ({len(done)} of {expected} runs); no verdict on the best lr yet.")
             continue
@@ -326,13 +264,6 @@ def _sweep_table(sweep: list[dict], variants: list[str]) -> list[str]:
 
 
 def _plot_deltas(path: Path, deltas: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from nlq.report import _save_figure
-
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for (width, variant) in dict.fromkeys((w, v) for w, v, _ in deltas):
         points = sorted((tpp, p) for (w, v, tpp), p in deltas.items() if (w, v) == (width, variant))
@@ -353,4 +284,4 @@ def _plot_deltas(path: Path, deltas: dict) -> None:
     ax.grid(alpha=0.3)
     if deltas:
         ax.legend(fontsize=8)
-    _save_figure(fig, path)
+    save_figure(fig, path)

@@ -2,17 +2,25 @@
 generated on the fly, across widths and difficulty: linear, nonlinear, identity and the +12.5% MLP baseline,
 3 seeds, 2-layer models. The report gives held-out accuracy on the answer positions (and loss) per
 (task, width), paired differences vs linear with 95% intervals, and accuracy against width per variant.
+The tasks, widths and the "solved" threshold are the study's settings, written to study.json.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+import numpy as np
+from scipy.stats import binomtest
+
 from nlq.config import RunConfig, update
+from nlq.fileio import atomic_write
 from nlq.presets import get_preset
-from nlq.study import DataSpec, Run, Study, Variant
+from nlq.runs.metrics import read_metrics
+from nlq.studies.plots import plt, save_figure
+from nlq.studies.stats import paired_difference
+from nlq.studies.study import DataSpec, Run, Study, Variant
+from nlq.studies.tables import load_summaries, write_runs_csv
 
 VARIANTS = [
     Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
@@ -20,14 +28,15 @@ VARIANTS = [
     Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q"),
     Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (+12.5%)"),
 ]
-# name -> (task, task_vocab, task_pairs, block_size, widths). Sized on 2 CPU cores (docs/RESULTS.md has the
-# calibration): recall needs a 2-layer induction circuit, which appears after a long plateau, so the recall
-# tasks are small and the runs long enough for the transition; difficulty grows with the pairs to hold.
+# name -> task, keys/values per vocabulary, pairs to hold, example length, widths. Sized on 2 CPU cores
+# (docs/RESULTS.md has the calibration): recall needs a 2-layer induction circuit, which appears after a long
+# plateau, so the recall tasks are small and the runs long enough for the transition; difficulty grows with the
+# pairs to hold.
 TASKS = {
-    "mqar-2": ("mqar", 8, 2, 16, [32, 64, 128]),
-    "mqar-4": ("mqar", 16, 4, 32, [64]),
-    "lookup-2": ("lookup", 16, 2, 16, [64, 128]),
-    "copy-8": ("selective-copy", 8, 8, 24, [32, 64]),
+    "mqar-2": {"task": "mqar", "vocab": 8, "pairs": 2, "block": 16, "widths": [32, 64, 128]},
+    "mqar-4": {"task": "mqar", "vocab": 16, "pairs": 4, "block": 32, "widths": [64]},
+    "lookup-2": {"task": "lookup", "vocab": 16, "pairs": 2, "block": 16, "widths": [64, 128]},
+    "copy-8": {"task": "selective-copy", "vocab": 8, "pairs": 8, "block": 24, "widths": [32, 64]},
 }
 SEEDS = [1, 2, 3]
 THRESHOLD = 0.9  # "solved": held-out accuracy at or above this; the report gives the first step that reaches it
@@ -47,11 +56,11 @@ def base() -> RunConfig:
 
 def probe_runs(study: Study) -> list[Run]:
     runs = []
-    for task_name, (task, vocab, pairs, block, widths) in TASKS.items():
-        for width in widths:
-            changes = {"model": {"n_embd": width, "n_head": max(1, width // 16), "block_size": block},
-                       "data": {"task": task, "task_vocab": vocab, "task_pairs": pairs}}
-            for seed in SEEDS:
+    for task_name, spec in study.settings["tasks"].items():
+        for width in spec["widths"]:
+            changes = {"model": {"n_embd": width, "n_head": max(1, width // 16), "block_size": spec["block"]},
+                       "data": {"task": spec["task"], "task_vocab": spec["vocab"], "task_pairs": spec["pairs"]}}
+            for seed in study.seeds:
                 for variant in study.variants:
                     runs.append(Run(study, variant, seed, None, changes, tag=f"{task_name}-d{width}",
                                     labels={"stage": "probe", "task": task_name, "width": width}))
@@ -60,11 +69,7 @@ def probe_runs(study: Study) -> list[Run]:
 
 def held_out_curve(run_dir: Path) -> dict[int, float]:
     """step -> held-out accuracy at each evaluation of a run ({} without metrics)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    rows = (json.loads(line) for line in path.read_text().splitlines())
-    return {int(r["step"]): r["val_acc"] for r in rows if r.get("val_acc") is not None}
+    return {int(r["step"]): r["val_acc"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("val_acc") is not None}
 
 
 def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD, curve: dict[int, float] | None = None) -> int | None:
@@ -73,9 +78,10 @@ def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD, curve: dict[int,
     return next((step for step, acc in sorted(curve.items()) if acc >= threshold), None)
 
 
-def probes() -> Study:
+def probes(tasks: dict | None = None, seeds: list[int] | None = None) -> Study:
     study = Study("probes", "mechanism probes: MQAR, lookup recall, selective copy; 4 variants x widths x 3 seeds",
-                  base(), VARIANTS, seeds=SEEDS, data=DataSpec("task", "none"), report="probes")
+                  base(), VARIANTS, seeds=list(seeds or SEEDS), data=DataSpec("task", "none"), report="probes",
+                  settings={"tasks": tasks or TASKS, "threshold": THRESHOLD})
     study.stages = lambda study_dir: iter([probe_runs(study)])
     return study
 
@@ -83,19 +89,18 @@ def probes() -> Study:
 def build_probes_report(study_dir: Path, study: dict) -> str:
     """report.md (per task and width: held-out accuracy, the step each seed first reaches THRESHOLD, paired
     differences to linear with 95% intervals), results.csv, probes_accuracy.png and probes_curves.png."""
-    from nlq.report import _atomic_write, load_summaries, write_runs_csv
-
+    threshold = (study.get("settings") or {}).get("threshold", THRESHOLD)  # studies before nlq 0.3 recorded none
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "probe"]
     for r in runs:
         r["curve"] = held_out_curve(study_dir / "runs" / r["name"])
-        r["steps_to_solve"] = steps_to_solve(study_dir / "runs" / r["name"], curve=r["curve"])
+        r["steps_to_solve"] = steps_to_solve(study_dir / "runs" / r["name"], threshold, curve=r["curve"])
     variants = [v["name"] for v in study["variants"]]
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
              f"Held-out accuracy on the answer positions at the end of training (mean ± std over seeds); the step at "
-             f"which each seed's held-out accuracy first reached {THRESHOLD:.0%} (`-`: never, within the run); and "
+             f"which each seed's held-out accuracy first reached {threshold:.0%} (`-`: never, within the run); and "
              "the paired difference of each variant to `linear` (same seed: same examples, shared initial weights) "
              "with its 95% interval, in final accuracy and in final loss.", "",
-             f"| task | width | variant | seeds | accuracy | solved | step reaching {THRESHOLD:.0%} (per seed) | "
+             f"| task | width | variant | seeds | accuracy | solved | step reaching {threshold:.0%} (per seed) | "
              "Δ accuracy vs linear | 95% interval | Δ loss vs linear | verdict (loss) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     cells = {}
@@ -108,31 +113,29 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
                 if mine:
                     cells[(task, width, variant)] = [r["val_acc"] for r in mine]
                     lines.append(_probe_row(task, width, variant, mine, base))
-    lines += ["", f"## Solved or not, pooled over widths (paired by task, width and seed)", "",
+    lines += ["", "## Solved or not, pooled over widths (paired by task, width and seed)", "",
               f"Final accuracy is nearly all-or-nothing (a run either forms the recall mechanism or stays on the plateau), "
               "so a 3-seed t interval per cell says little. Pooled over a task's widths (and over all tasks), each "
               "variant's runs are paired with `linear`'s of the same task, width and seed: how often one solved it "
-              f"(held-out accuracy >= {THRESHOLD:.0%} at some evaluation) and the other did not, with an exact two-sided "
+              f"(held-out accuracy >= {threshold:.0%} at some evaluation) and the other did not, with an exact two-sided "
               "sign test on those discordant pairs.", "",
               "| tasks | variant | runs solved | solved, linear not | linear solved, variant not | sign test p | "
               "median step reaching it (solved runs) |", "|---|---|---|---|---|---|---|"]
     for scope in [*dict.fromkeys(r["task"] for r in runs), "all"]:
-        lines += _pooled_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], variants)
-    lines += ["", f"Plots: `probes_accuracy.png` (final held-out accuracy against width, a line per variant, band = "
+        lines += pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], variants)
+    lines += ["", "Plots: `probes_accuracy.png` (final held-out accuracy against width, a line per variant, band = "
               "min..max over seeds); `probes_curves.png` (held-out accuracy over training steps, mean over seeds, "
               "a panel per task and width).", ""]
     _plot_accuracy(study_dir / "probes_accuracy.png", cells, variants)
-    _plot_curves(study_dir / "probes_curves.png", runs, variants)
+    _plot_curves(study_dir / "probes_curves.png", runs, variants, threshold)
     write_runs_csv(study_dir / "results.csv", runs,
                    ["name", "task", "width", "variant", "seed", "val_acc", "val_loss", "steps_to_solve"])
     markdown = "\n".join(lines)
-    _atomic_write(study_dir / "report.md", markdown)
+    atomic_write(study_dir / "report.md", markdown)
     return markdown
 
 
 def _probe_row(task: str, width: int, variant: str, mine: list[dict], base: dict) -> str:
-    from nlq.report import paired_difference
-
     accs = [r["val_acc"] for r in mine]
     mean = sum(accs) / len(accs)
     spread = f" ± {math.sqrt(sum((a - mean) ** 2 for a in accs) / (len(accs) - 1)):.3f}" if len(accs) > 1 else ""
@@ -149,9 +152,7 @@ def _probe_row(task: str, width: int, variant: str, mine: list[dict], base: dict
     return row + f" | {acc['mean']:+.3f} | {interval} | {loss['mean']:+.4f} | {loss['verdict']} |"
 
 
-def _pooled_rows(scope: str, runs: list[dict], variants: list[str]) -> list[str]:
-    from scipy.stats import binomtest
-
+def pooled_solve_rows(scope: str, runs: list[dict], variants: list[str]) -> list[str]:
     solved = {(r["task"], r["width"], r["seed"], r["variant"]): r["steps_to_solve"] is not None for r in runs}
     steps = {v: sorted(r["steps_to_solve"] for r in runs if r["variant"] == v and r["steps_to_solve"] is not None)
              for v in variants}
@@ -172,15 +173,7 @@ def _pooled_rows(scope: str, runs: list[dict], variants: list[str]) -> list[str]
     return rows
 
 
-def _plot_curves(path: Path, runs: list[dict], variants: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from nlq.report import _save_figure
-
+def _plot_curves(path: Path, runs: list[dict], variants: list[str], threshold: float) -> None:
     panels = list(dict.fromkeys((r["task"], r["width"]) for r in runs))
     if not panels:
         return
@@ -197,23 +190,16 @@ def _plot_curves(path: Path, runs: list[dict], variants: list[str]) -> None:
                 continue
             steps = sorted(set.intersection(*(set(c) for c in curves)))
             ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], label=variant, lw=1.2)
-        ax.axhline(THRESHOLD, color="grey", lw=0.6, ls=":")
+        ax.axhline(threshold, color="grey", lw=0.6, ls=":")
         ax.set(title=f"{task}, d {width}", xlabel="step", ylabel="held-out accuracy", ylim=(0, 1.02))
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     axes[0][0].legend(fontsize=7)
-    _save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def _plot_accuracy(path: Path, cells: dict, variants: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from nlq.report import _save_figure
-
     tasks = list(dict.fromkeys(t for t, _, _ in cells))
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -230,4 +216,4 @@ def _plot_accuracy(path: Path, cells: dict, variants: list[str]) -> None:
         ax.set_xticks(sorted({w for t, w, _ in cells if t == task}), labels=[str(w) for w in sorted({w for t, w, _ in cells if t == task})])
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    _save_figure(fig, path)
+    save_figure(fig, path)

@@ -7,14 +7,18 @@ by N processes (DDP or FSDP) resumes in M. Loading uses torch.load(weights_only=
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import pickle
 import re
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from nlq.config import ModelConfig, RunConfig
 from nlq.errors import UserError
+from nlq.fileio import atomic_write
 
 _NAME = re.compile(r"^step_(\d{7,})\.pt$")
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DDP
@@ -87,31 +91,16 @@ def payload_digest(payload: dict) -> str:
     return digest.hexdigest()
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(run_dir: Path, step: int, payload: dict, keep: int) -> Path:
     folder = checkpoint_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:07d}.pt"
-    tmp = folder / f".{path.name}.tmp-{os.getpid()}"
     payload = payload | {"checksum": payload_digest(payload)}
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
+    try:  # atomic: readers see the old file set or the new one, never half a file
+        atomic_write(path, lambda f: torch.save(payload, f), durable=True)
     except (OSError, RuntimeError) as e:  # a full disk shows as RuntimeError from torch's zip writer
-        tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write checkpoint {path}: {_reason(e)}; the earlier checkpoints are untouched; "
                         f"free space (or fix permissions) and resume") from None
-    os.replace(tmp, path)  # atomic: readers see the old file set or the new one, never half a file
-    _fsync_dir(folder)
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink()
     return path
@@ -124,9 +113,7 @@ def save_model_only(run_dir: Path, model_state: dict, config: dict, step: int) -
     """The final weights alone, in safetensors (no optimizer, no pickle), with the run's config in the file's
     metadata: what a user shares or loads elsewhere (nlq eval/sample/export take it too). Resume state stays
     in checkpoints/."""
-    import json
-
-    from safetensors.torch import save_file
+    from safetensors.torch import save as safetensors_bytes
 
     path = Path(run_dir) / MODEL_FILE
     tensors, seen = {}, {}
@@ -136,16 +123,13 @@ def save_model_only(run_dir: Path, model_state: dict, config: dict, step: int) -
             continue
         seen[key] = name
         tensors[name] = tensor.detach().contiguous()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(tensors, str(tmp), metadata={"format": "pt", "nlq_config": json.dumps(config), "step": str(step)})
-    os.replace(tmp, path)
-    return path
+    metadata = {"format": "pt", "nlq_config": json.dumps(config), "step": str(step),
+                "nlq_checksum": payload_digest(tensors)}  # verified by load_model_only
+    return atomic_write(path, safetensors_bytes(tensors, metadata=metadata), durable=True)
 
 
 def load_model_only(path: Path) -> dict:
     """A model.safetensors as a checkpoint payload (weights, config, step; no optimizer)."""
-    import json
-
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -154,11 +138,38 @@ def load_model_only(path: Path) -> dict:
             metadata = f.metadata() or {}
         state = load_file(str(path))
         config = json.loads(metadata["nlq_config"])
+        step = int(metadata.get("step", 0))
     except Exception as e:
         raise UserError(f"{path} is not an nlq model file ({type(e).__name__}); use a run directory or a checkpoint") from None
-    if config.get("model", {}).get("tie_embeddings", True) and "lm_head.weight" not in state:
+    if not isinstance(config, dict) or not isinstance(config.get("model", {}), dict):
+        raise UserError(f"{path} is not an nlq model file (its nlq_config metadata is no config); use a run "
+                        f"directory or a checkpoint")
+    if "nlq_checksum" in metadata and payload_digest(state) != metadata["nlq_checksum"]:  # nlq <= 0.2 wrote none
+        raise UserError(f"{path} is corrupt: its weights do not match the checksum stored in it; use a checkpoint "
+                        f"in {path.parent / 'checkpoints'}")
+    if config.get("model", {}).get("tie_embeddings", True) and "lm_head.weight" not in state and "tok_emb.weight" in state:
         state["lm_head.weight"] = state["tok_emb.weight"]
-    return {"model": state, "step": int(metadata.get("step", 0)), "config": config, "path": str(path)}
+    return {"model": state, "step": step, "config": config, "path": str(path)}
+
+
+def payload_config(payload: dict) -> RunConfig:
+    """The validated RunConfig a checkpoint payload carries; a one-line error when it holds none."""
+    raw = payload.get("config")
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise UserError(f"{payload.get('path')} carries no valid config (a mapping of sections); it was not written by nlq")
+    try:
+        return RunConfig.from_dict(raw)
+    except UserError as e:
+        raise UserError(f"{payload.get('path')} carries an invalid config: {e}") from None
+
+
+def check_model_fits(model: ModelConfig, where: str) -> None:
+    """Refuse, before building anything, a model whose weights alone would not fit in this machine's memory."""
+    need = 4.0 * model.approx_parameters()
+    have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if need > have:
+        raise UserError(f"{where} describes a model of about {model.approx_parameters():,} parameters "
+                        f"({need / 2**30:,.1f} GiB in fp32) and this machine has {have / 2**30:,.1f} GiB; not loaded")
 
 
 def looks_like_torch_file(path: Path) -> bool:
@@ -192,6 +203,14 @@ def load_checkpoint(path: str | Path) -> dict:
                         f"run directory, one of its checkpoints/step_*.pt or its model.safetensors")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower():  # a damaged pickle stream
+            raise UserError(f"checkpoint {path} is corrupt ({str(e).splitlines()[0][:80]}); use an earlier one in "
+                            f"{path.parent}") from None
+        # weights_only refused something that is no tensor: pickled code, or other objects
+        raise UserError(f"{path} holds Python objects other than tensors and plain values (pickled code, perhaps "
+                        f"malicious), so it was not loaded (weights_only=True; {str(e).splitlines()[0][:80]}); "
+                        f"it is no nlq checkpoint") from None
     except Exception as e:  # truncated, corrupt, or not a torch file
         raise UserError(f"checkpoint {path} is corrupt or not an nlq checkpoint ({type(e).__name__}); "
                         f"use an earlier one in {path.parent}") from None
@@ -227,3 +246,28 @@ def clean_state_dict(state: dict) -> dict:
                     key, changed = key[len(prefix):], True
         cleaned[key] = value
     return cleaned
+
+
+# ---- random state: each rank's own, so dropout continues exactly on resume -------------------------------
+
+def rng_state(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(payload: dict, rank: int, world: int, seed: int, device: torch.device) -> None:
+    """Each rank gets back its own RNG state (dropout masks differ per rank and continue exactly). When the
+    world size changed, no saved state belongs to a rank: each rank is then seeded from (seed, step, rank),
+    so ranks still differ, deterministically, though the stream differs from the uninterrupted run's."""
+    states = payload.get("rng_ranks") or [payload.get("rng") or {}]  # nlq 0.1 saved rank 0's only
+    if len(states) != world:
+        torch.manual_seed(int.from_bytes(hashlib.blake2b(f"{seed}/{payload['step']}/{rank}".encode(),
+                                                         digest_size=8).digest(), "little") >> 1)
+        return
+    rng = states[rank]
+    if "cpu" in rng:
+        torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], device)

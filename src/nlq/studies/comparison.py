@@ -1,135 +1,123 @@
-"""`nlq report STUDY_DIR`: report.md, results.csv and PNG plots from a study's run directories.
+"""The comparison studies (`cpu`, the main job of `nlq reproduce`; `cpu-lr`, `encoder`, `kvo`, `paper`): variants x
+seeds (x peak lrs) on one budget, and their report.
 
-- per variant: non-embedding parameters (and % vs baseline), final val loss mean and std over seeds,
-  perplexity, relative change vs baseline in log-loss and perplexity ((base - variant) / base), tokens/s;
-- paired differences vs the baseline over seeds, with a 95% t interval and a verdict;
-- parameter equivalence: val loss against log(non-embedding parameters) over the baseline width family,
-  and how many more parameters a linear baseline would need to match each variant;
-- plots: val-loss curves of all variants, and loss against parameters with the fit.
-With several peak learning rates, each variant is compared at its own best (lowest mean val loss).
+The report: per variant its non-embedding parameters (and % vs baseline), final val loss mean and std over
+seeds, perplexity, relative change vs baseline in log-loss and perplexity ((base - variant) / base), tokens/s;
+paired differences vs the baseline over seeds, with 95% t intervals, Holm-adjusted over the variants; parameter
+equivalence (val loss against log(non-embedding parameters) over the baseline width family); plots
+val_curves.png, loss_vs_params.png and paired_curves.png. With several peak lrs, each variant is compared at
+its own best (lowest mean val loss).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from nlq.config import RunConfig, update
 from nlq.errors import UserError
-from nlq.studies.stats import paired_difference
-from nlq.training.logging import read_metrics
+from nlq.fileio import atomic_write
+from nlq.presets import get_preset
+from nlq.studies.plots import plt, save_figure
+from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change
+from nlq.studies.study import DataSpec, Study, Variant
+from nlq.studies.tables import RunResult, best_lr, load_results
 
 
-@dataclass
-class RunResult:
-    name: str
-    variant: str
-    seed: int
-    lr: float
-    params: int
-    val_loss: float
-    val_bpb: float
-    tokens_per_s: float
-    curve: list[tuple[int, float]]  # (step, val loss)
-    val_acc: float | None = None  # next-token or masked-token accuracy
+def _paper_variants(mlp: bool = True) -> list[Variant]:
+    variants = [
+        Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
+        Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
+        Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)"),
+        Variant("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, linear control"),
+    ]
+    if mlp:
+        variants += [
+            Variant("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)"),
+            Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)"),
+        ]
+    return variants
 
 
-# ---- statistics (pure functions, tested against hand-computed values) --------------------------------
-
-def relative_change(baseline: float, variant: float) -> float:
-    """(baseline - variant) / baseline: positive means the variant is lower (better)."""
-    return (baseline - variant) / baseline
-
-
-def fit_loss_vs_params(params: list[float], losses: list[float]) -> tuple[float, float] | None:
-    """Least-squares loss = a + b ln(N); None when the fit is impossible or loss does not fall with N."""
-    if len(set(params)) < 2:
-        return None
-    b, a = np.polyfit(np.log(np.asarray(params, dtype=float)), np.asarray(losses, dtype=float), 1)
-    return (float(a), float(b)) if b < 0 else None
+def cpu_base() -> RunConfig:
+    """The CPU comparison's model and recipe; why these numbers: docs/RESULTS.md."""
+    config = get_preset("micro")  # 4 layers, d 128, 4 heads, context 128
+    return update(config, {
+        "model": {"vocab_size": 2048},
+        "train": {"max_steps": 600, "batch_size": 16, "lr": 2e-3, "min_lr": 2e-4, "warmup_steps": 50,
+                  "eval_every": 100, "checkpoint_every": 100, "keep_checkpoints": 1, "log_every": 50},
+        "data": {"eval_windows": 256},
+    })
 
 
-def equivalent_params(fit: tuple[float, float], loss: float) -> float:
-    """N at which the fitted baseline family reaches `loss`."""
-    a, b = fit
-    return math.exp((loss - a) / b)
+CPU_DATA = DataSpec("shakespeare", "bpe:2048")
+WIDTH_FAMILY = ["linear", "linear-mlp4.5", "linear-mlp4.75"]
 
 
-# ---- reading a study -------------------------------------------------------------------------------
-
-def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
-    study_path = study_dir / "study.json"
-    if not study_path.is_file():
-        raise UserError(f"{study_dir} is not a study directory (no study.json); run nlq study NAME --out {study_dir}")
-    study = read_json(study_path, "the study's description; run nlq study again to rewrite it")
-    results = []
-    for run in study.get("runs", []):
-        run_dir = study_dir / "runs" / run["name"]
-        summary_path = run_dir / "summary.json"
-        if not summary_path.is_file():
-            continue  # not finished yet
-        summary = read_json(summary_path, "a run summary; run nlq study again to finish that run")
-        if summary.get("val_loss") is None:
-            continue
-        curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
-        results.append(RunResult(run["name"], run["variant"], run["seed"], run["lr"], summary["non_embedding_parameters"],
-                                 summary["val_loss"], summary.get("val_bpb") or math.nan, summary["tokens_per_s"],
-                                 curve, summary.get("val_acc")))
-    if not results:
-        raise UserError(f"{study_dir} has no finished runs yet; run nlq study first")
-    return study, results
+def cpu() -> Study:
+    return Study("cpu", "the paper's comparison at CPU scale: 6 variants x 3 seeds on Shakespeare",
+                 cpu_base(), _paper_variants(), seeds=[1, 2, 3], data=CPU_DATA, width_family=WIDTH_FAMILY)
 
 
-def read_json(path: Path, what: str) -> dict:
-    try:
-        value = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is truncated or not JSON ({type(e).__name__}); it is {what}") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{path} does not hold a JSON object; it is {what}")
-    return value
+def cpu_lr() -> Study:
+    base = update(cpu_base(), {"train": {"max_steps": 300, "warmup_steps": 30, "eval_every": 100,
+                                         "checkpoint_every": 100}})
+    variants = _paper_variants() + [
+        Variant("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
+    ]
+    return Study("cpu-lr", "each variant at several peak learning rates, compared at its best (docs/METHOD.md, section 6)",
+                 base, variants, seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3], width_family=WIDTH_FAMILY)
 
 
-def load_summaries(study_dir: Path, study: dict) -> list[dict]:
-    """Each finished run of study.json (its labels) joined with its summary.json; unfinished runs left out."""
-    found = {}
-    for run in study.get("runs", []):
-        path = study_dir / "runs" / run["name"] / "summary.json"
-        if path.is_file():
-            summary = read_json(path, "a run summary; run nlq study again to finish that run")
-            if summary.get("val_loss") is not None:
-                found[run["name"]] = {**summary, **run}
-    return list(found.values())
+def encoder() -> Study:
+    """The W_Q absorption argument holds for any mask; here the encoder, trained with masked LM."""
+    base = update(cpu_base(), {"model": {"causal": False, "vocab_size": 2112},  # bpe:2048 + mask token
+                               "train": {"objective": "mlm"}})
+    variants = [v for v in _paper_variants(mlp=False) if v.name in ("linear", "nonlinear", "identity")]
+    return Study("encoder", "masked-LM encoder on Shakespeare: linear vs nonlinear vs identity query",
+                 base, variants, seeds=[1, 2, 3], data=CPU_DATA)
 
 
-def best_lr(results: list[RunResult]) -> dict[str, float]:
-    """Each variant's peak lr with the lowest mean val loss."""
-    by = {}
-    for r in results:
-        by.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.val_loss)
-    return {v: min(lrs, key=lambda lr: np.mean(lrs[lr])) for v, lrs in by.items()}
+def kvo() -> Study:
+    """Which placements of the nonlinear projection help: q (the paper), k, v, o, and q + k."""
+    def placed(name: str, note: str, **projections) -> Variant:
+        return Variant(name, {"model": {"projections": projections}}, note)
+
+    variants = [
+        placed("linear", "baseline: every projection linear"),
+        placed("q-nonlinear", "Q = (X + f(X)) / 2, the paper", q="nonlinear"),
+        placed("k-nonlinear", "K = (X + f(X)) / 2", k="nonlinear"),
+        placed("v-nonlinear", "V = (X + f(X)) / 2", v="nonlinear"),
+        placed("o-nonlinear", "output = (Y + f(Y)) / 2", o="nonlinear"),
+        placed("qk-nonlinear", "both Q and K nonlinear", q="nonlinear", k="nonlinear"),
+    ]
+    return Study("kvo", "the nonlinear projection at each placement: q, k, v, o, q+k", cpu_base(), variants,
+                 seeds=[1, 2, 3], data=CPU_DATA)
 
 
-# ---- the report --------------------------------------------------------------------------------------
+def paper() -> Study:
+    """GPT-3 small on OpenWebText with GPT-2 BPE, as the paper (for GPUs). The nonlinear run at the paper's
+    higher peak lr is included beside the lr-matched one."""
+    variants = [
+        Variant("linear", {"model": {"query": "linear"}}, "baseline, lr 6e-4"),
+        Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method at the baseline's lr"),
+        Variant("nonlinear-lr3.6e-3", {"model": {"query": "nonlinear"}, "train": {"lr": 3.6e-3, "min_lr": 2e-5}},
+                "the method at the paper's v3 lr"),
+        Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (+12.5%)"),
+    ]
+    return Study("paper", "the paper's GPT-3-small recipe (60k steps of 491,520 tokens)", get_preset("gpt3-small"),
+                 variants, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))
 
-def build_report(study_dir: str | Path) -> str:
-    """Write report.md, results.csv, val_curves.png, loss_vs_params.png; return the markdown."""
-    study_dir = Path(study_dir)
-    study, results = load_results(study_dir)
-    if study.get("report") == "scaling":
-        from nlq.scaling import build_scaling_report
 
-        return build_scaling_report(study_dir, study)
-    if study.get("report") == "probes":
-        from nlq.probes import build_probes_report
+# ---- the report ----------------------------------------------------------------------------------
 
-        return build_probes_report(study_dir, study)
+def build_comparison_report(study_dir: Path, study: dict) -> str:
+    """Write report.md, results.csv, val_curves.png, loss_vs_params.png, paired_curves.png; return the markdown."""
+    _, results = load_results(study_dir)
     baseline = study["baseline"]
     order = [v["name"] for v in study["variants"]]
     lrs = best_lr(results)
@@ -170,7 +158,7 @@ def build_report(study_dir: str | Path) -> str:
     _plot_curves(study_dir / "val_curves.png", by_variant, study["name"])
     _plot_params(study_dir / "loss_vs_params.png", rows, family, fit)
     _plot_paired_curves(study_dir / "paired_curves.png", by_variant, baseline, study["name"])
-    _atomic_write(study_dir / "report.md", markdown)
+    atomic_write(study_dir / "report.md", markdown)
     return markdown
 
 
@@ -215,16 +203,6 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
     return "\n".join(lines)
 
 
-def write_runs_csv(path: Path, runs: list[dict], keys: list[str]) -> None:
-    """One row per run (a dict of its labels and summary), the given columns."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(keys)
-    for r in runs:
-        writer.writerow([r.get(k) for k in keys])
-    _atomic_write(path, buffer.getvalue())
-
-
 def _write_csv(path: Path, results: list[RunResult]) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
@@ -232,15 +210,10 @@ def _write_csv(path: Path, results: list[RunResult]) -> None:
     for r in sorted(results, key=lambda r: (r.variant, r.lr, r.seed)):
         writer.writerow([r.name, r.variant, r.lr, r.seed, r.params, f"{r.val_loss:.6f}", f"{math.exp(r.val_loss):.4f}",
                          f"{r.val_bpb:.6f}", f"{r.tokens_per_s:.1f}"])
-    _atomic_write(path, buffer.getvalue())
+    atomic_write(path, buffer.getvalue())
 
 
 def _plot_curves(path: Path, by_variant: dict[str, list[RunResult]], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant, runs in by_variant.items():
         steps = sorted(set.intersection(*(set(s for s, _ in r.curve) for r in runs)) - {0})
@@ -250,7 +223,7 @@ def _plot_curves(path: Path, by_variant: dict[str, list[RunResult]], title: str)
     ax.set(xlabel="step", ylabel="val loss (nats/token)", title=f"{title}: validation loss")
     ax.grid(alpha=0.3)
     ax.legend()
-    _save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def paired_curve(runs: list[RunResult], base_runs: list[RunResult]) -> list[tuple[int, dict]]:
@@ -262,11 +235,6 @@ def paired_curve(runs: list[RunResult], base_runs: list[RunResult]) -> list[tupl
 
 
 def _plot_paired_curves(path: Path, by_variant: dict[str, list[RunResult]], baseline: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant, runs in by_variant.items():
         if variant == baseline:
@@ -284,15 +252,10 @@ def _plot_paired_curves(path: Path, by_variant: dict[str, list[RunResult]], base
            title=f"{title}: paired difference to {baseline}, 95% interval")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def _plot_params(path: Path, rows: list[dict], family: list[str], fit) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
         marker = "o" if r["variant"] in family else "*"
@@ -305,20 +268,4 @@ def _plot_params(path: Path, rows: list[dict], family: list[str], fit) -> None:
         ax.legend()
     ax.set(xlabel="non-embedding parameters", ylabel="final val loss (mean ± std over seeds)", title="loss vs parameters")
     ax.grid(alpha=0.3)
-    _save_figure(fig, path)
-
-
-def _save_figure(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.tight_layout()
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
+    save_figure(fig, path)

@@ -1,0 +1,99 @@
+"""The files of a run directory besides checkpoints and metrics: config.json, summary.json, the data's meta and
+tokenizer (data_meta.json, tokenizer.json, ...); and loading a run's model and tokenizer back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from nlq.config import RunConfig
+from nlq.data.shards import TokenData
+from nlq.data.tokenizers import GPT2_FILES, load_tokenizer
+from nlq.errors import UserError
+from nlq.fileio import read_json, write_json
+from nlq.model import Transformer
+from nlq.runs import checkpoint as ckpt
+
+TOKENIZER_FILES = ("tokenizer.json", *GPT2_FILES)
+
+
+def save_config(config: RunConfig, path: Path) -> None:
+    write_json(path, config.to_dict())
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    write_json(Path(run_dir) / "summary.json", summary)
+
+
+def copy_data_files(data: TokenData, run_dir: Path) -> None:
+    """Keep what eval --text and sample need in the run directory: the data's meta and tokenizer files."""
+    shutil.copyfile(data.directory / "meta.json", run_dir / "data_meta.json")
+    for name in TOKENIZER_FILES:
+        if (data.directory / name).is_file():
+            shutil.copyfile(data.directory / name, run_dir / name)
+
+
+def tokenizer_files(data: TokenData) -> dict:
+    """The data's meta and tokenizer files as text, stored in every checkpoint."""
+    files = {name: (data.directory / name).read_text() for name in TOKENIZER_FILES if (data.directory / name).is_file()}
+    return {"data_meta": json.dumps(data.meta), "files": files}
+
+
+def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, RunConfig, dict]:
+    """The model of a run directory (its latest checkpoint) or of a checkpoint file, in eval mode."""
+    payload = ckpt.load_checkpoint(path)
+    config = ckpt.payload_config(payload)
+    ckpt.check_model_fits(config.model, payload["path"])
+    model = Transformer(config.model)
+    try:
+        model.load_state_dict(payload["model"])
+    except (RuntimeError, TypeError, AttributeError) as e:
+        raise UserError(f"checkpoint {payload['path']} does not match its config: {str(e).splitlines()[0][:200]}") from None
+    return model.to(device).eval(), config, payload
+
+
+def run_dir_of(checkpoint_path: str | Path) -> Path:
+    """The run directory a checkpoint file belongs to: RUN/checkpoints/step_N.pt or RUN/model.safetensors."""
+    path = Path(checkpoint_path)
+    return path.parent if path.suffix == ".safetensors" or path.parent.name != "checkpoints" else path.parent.parent
+
+
+def tokenizer_folder(checkpoint_path: str | Path) -> tuple[Path, str] | None:
+    """(a folder holding the tokenizer's files, the tokenizer's name) for a checkpoint: its run directory (training
+    copies the files there), else the files the checkpoint carries (a checkpoint copied on its own), written to a
+    temporary folder. None when neither knows the tokenizer."""
+    path = Path(checkpoint_path)
+    run_dir = run_dir_of(path)
+    meta_path = run_dir / "data_meta.json"
+    if meta_path.is_file():
+        return run_dir, tokenizer_name(read_json(meta_path, "the run's copy of its data's meta.json"), meta_path)
+    stored = ckpt.load_checkpoint(path).get("tokenizer") if path.suffix == ".pt" else None
+    if not stored:
+        return None
+    try:
+        meta, files = json.loads(stored["data_meta"]), dict(stored["files"])
+    except (TypeError, KeyError, ValueError):
+        raise UserError(f"{path} carries a malformed tokenizer record; use nlq eval --data instead") from None
+    folder = Path(tempfile.mkdtemp(prefix="nlq-tokenizer-"))
+    for name, text in files.items():
+        if name in TOKENIZER_FILES:
+            (folder / name).write_text(text)
+    return folder, tokenizer_name(meta, path)
+
+
+def tokenizer_name(meta, where: Path) -> str:
+    name = meta.get("tokenizer") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise UserError(f"{where} names no tokenizer (no 'tokenizer' key); it was not written by nlq prepare or train")
+    return name
+
+
+def run_tokenizer(checkpoint_path: str | Path):
+    """The tokenizer a run was trained with (tokenizer_folder), loaded."""
+    found = tokenizer_folder(checkpoint_path)
+    if found is None:
+        raise UserError(f"{run_dir_of(checkpoint_path)} has no data_meta.json and {Path(checkpoint_path).name} carries "
+                        f"no tokenizer, so the tokenizer is unknown; use nlq eval --data instead")
+    return load_tokenizer(*found)

@@ -1,0 +1,90 @@
+"""Reading a study from disk (study.json, each run's summary.json and metrics.jsonl) and writing its tables:
+what every report shares."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nlq.errors import UserError
+from nlq.fileio import atomic_write, read_json
+from nlq.runs.metrics import read_metrics
+
+
+@dataclass
+class RunResult:
+    name: str
+    variant: str
+    seed: int
+    lr: float
+    params: int
+    val_loss: float
+    val_bpb: float
+    tokens_per_s: float
+    curve: list[tuple[int, float]]  # (step, val loss)
+    val_acc: float | None = None  # next-token or masked-token accuracy
+
+
+def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
+    study_path = study_dir / "study.json"
+    if not study_path.is_file():
+        raise UserError(f"{study_dir} is not a study directory (no study.json); run nlq study NAME --out {study_dir}")
+    study = read_json(study_path, "the study's description; run nlq study again to rewrite it")
+    results = []
+    for run in study.get("runs", []):
+        run_dir = study_dir / "runs" / run["name"]
+        summary_path = run_dir / "summary.json"
+        if not summary_path.is_file():
+            continue  # not finished yet
+        summary = read_json(summary_path, "a run summary; run nlq study again to finish that run")
+        if summary.get("val_loss") is None:
+            continue
+        curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
+        results.append(RunResult(run["name"], run["variant"], run["seed"], run["lr"], summary["non_embedding_parameters"],
+                                 summary["val_loss"], summary.get("val_bpb") or math.nan, summary["tokens_per_s"],
+                                 curve, summary.get("val_acc")))
+    if not results:
+        raise UserError(f"{study_dir} has no finished runs yet; run nlq study first")
+    return study, results
+
+
+def load_summaries(study_dir: Path, study: dict) -> list[dict]:
+    """Each finished run of study.json (its labels) joined with its summary.json; unfinished runs left out."""
+    found = {}
+    for run in study.get("runs", []):
+        path = study_dir / "runs" / run["name"] / "summary.json"
+        if path.is_file():
+            summary = read_json(path, "a run summary; run nlq study again to finish that run")
+            if summary.get("val_loss") is not None:
+                found[run["name"]] = {**summary, **run}
+    return list(found.values())
+
+
+def best_lr(results: list[RunResult]) -> dict[str, float]:
+    """Each variant's peak lr with the lowest mean val loss."""
+    by = {}
+    for r in results:
+        by.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.val_loss)
+    return {v: min(lrs, key=lambda lr: np.mean(lrs[lr])) for v, lrs in by.items()}
+
+
+def write_runs_csv(path: Path, runs: list[dict], keys: list[str]) -> None:
+    """One row per run (a dict of its labels and summary), the given columns."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(keys)
+    for r in runs:
+        writer.writerow([r.get(k) for k in keys])
+    atomic_write(path, buffer.getvalue())
+
+
+
+
+def interval_text(p: dict, digits: int = 4) -> str:
+    """[low, high] of a paired difference, or n/a without an interval (one seed)."""
+    return f"[{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]" if not math.isnan(p["low"]) else "n/a"

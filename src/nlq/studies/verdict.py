@@ -1,0 +1,204 @@
+"""`nlq study verdict`: a pre-registered, powered test of the nonlinear query at 300 tokens per parameter.
+
+The design is fixed before any run (docs/RESULTS.md, "Pre-registration"): d 64, 2 layers, the `pypkg`
+corpus with bpe:2048, 300 tokens per non-embedding parameter of linear; linear and nonlinear at one peak
+lr and one schedule (the same min lr); 14 pairs (seeds 101-114), each pair on identical batches with shared
+initial weights; every budget's final model scored on the whole validation split. The 100-tokens-per-parameter
+budget is a WSD branch of the same chains. Secondary, run only after the primary arms: the identity query
+at the same lr and seeds. The settings are the study's `settings`, written to study.json; the report reads
+them from there, so it tests what was registered even if this file changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nlq.fileio import atomic_write
+from nlq.studies.plots import plt, save_figure
+from nlq.studies.scaling import base as scaling_base
+from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed
+from nlq.studies.study import DataSpec, Run, Study, Variant
+from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
+from nlq.studies.wsd import chain_tokens, wsd_chain
+
+SETTINGS = {
+    "width": "d64",
+    "shape": {"n_layer": 2, "n_head": 4, "n_embd": 64},
+    "lr": 2e-3,
+    "min_lr": 2e-4,
+    "budgets_tpp": [100, 300],  # tokens per non-embedding parameter of linear; the primary one is primary_tpp
+    "primary_tpp": 300,
+    "seeds": list(range(101, 115)),  # 14 pairs: the power computation is in docs/RESULTS.md
+    "primary": ["linear", "nonlinear"],
+    "secondary": ["identity"],
+    "endpoint": "full_val_loss",  # the final model on the whole val split
+    "confidence": 0.95,  # the paired t interval
+    "margin": 0.037,  # equivalence margin (nats): the paper's smallest claimed effect at this loss
+    "alpha": 0.05,  # each one-sided test of the equivalence test (TOST)
+    "planning_sd": 0.045,  # the paired sd the number of pairs was chosen for
+}
+
+VARIANTS = [
+    Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
+    Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
+    Variant("identity", {"model": {"query": "identity"}}, "secondary: Q = X, no W_Q"),
+]
+DATA = DataSpec("pypkg", "bpe:2048")
+
+
+def arm_runs(study: Study, study_dir: Path, names: list[str]) -> list[Run]:
+    """The chains of these variants, seed by seed. Within a seed the variants' order alternates, so that
+    N shards dealing chains round-robin each get every variant and a pair finishes at about the same time."""
+    s = study.settings
+    variants = [v for v in study.variants if v.name in names]
+    runs = []
+    for i, seed in enumerate(s["seeds"]):
+        for variant in (variants if i % 2 == 0 else variants[::-1]):
+            levels = wsd_chain(study, variant, seed, study_dir, width=s["width"], shape=s["shape"],
+                               budgets_tpp=s["budgets_tpp"], lr=s["lr"], min_lr=s["min_lr"],
+                               branch={"data": {"final_eval": "full"}})
+            runs += [run for level in levels for run in level]
+    return runs
+
+
+def verdict() -> Study:
+    s = SETTINGS
+    study = Study("verdict", f"pre-registered test at {s['primary_tpp']} tokens per parameter: {len(s['seeds'])} pairs "
+                  f"of linear and nonlinear at one lr ({s['lr']:g}), whole-val-split eval; identity as a secondary arm",
+                  scaling_base(), VARIANTS, seeds=s["seeds"], data=DATA, report="verdict", settings=dict(s))
+
+    def stages(study_dir: Path):
+        yield arm_runs(study, study_dir, s["primary"])  # the primary arms finish before the secondary starts
+        yield arm_runs(study, study_dir, s["secondary"])
+
+    study.stages = stages
+    return study
+
+
+def planned_tokens(settings: dict = SETTINGS) -> int:
+    """Training tokens of one chain (the longest stable run plus every budget's cooldown)."""
+    return chain_tokens(scaling_base(), settings["shape"], settings["budgets_tpp"])
+
+
+# ---- the report ------------------------------------------------------------------------------------------
+
+def build_verdict_report(study_dir: Path, study: dict) -> str:
+    """report.md: the pre-registered test and its outcome in the words of the decision rule (only once every
+    registered pair has finished), then the declared secondary comparisons, Holm-adjusted as one family;
+    results.csv; verdict_deltas.png (per-seed Δ, mean and interval, the equivalence margins)."""
+    s = study["settings"]
+    runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
+    loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs}
+    seeds, primary_tpp = s["seeds"], s["primary_tpp"]
+    baseline, method = s["primary"]
+    meta = study.get("data_meta") or {}
+    lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
+             f"Corpus: `{meta.get('source')}`, content hash `{str(meta.get('source_hash'))[:16]}`. Code: "
+             + (", ".join(f"`{c[:12]}{'+dirty' if c.endswith('+dirty') else ''}`" for c in study.get("code") or [])
+                or "not recorded") + ".", "",
+             "## The pre-registered test", "",
+             f"Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed at {primary_tpp:g} tokens per "
+             f"parameter, {s['width']} {s['shape']}, both at peak lr {s['lr']:g} and min lr {s['min_lr']:g}; "
+             f"{len(seeds)} pairs (seeds {seeds[0]}-{seeds[-1]}), fixed in advance. Analysis: the mean Δ with its "
+             f"{s['confidence']:.0%} paired t interval; the equivalence test (two one-sided t tests at "
+             f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: nonlinear better; "
+             f"above 0: nonlinear worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
+             f"inconclusive.", ""]
+    pairs = _pairs(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
+    if len(pairs) < len(seeds):
+        lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
+                  "have: no endpoint is shown before, so that no one can stop or extend the study on what it shows.", ""]
+        markdown = "\n".join(lines)
+        atomic_write(study_dir / "report.md", markdown)
+        return markdown
+    lines += _primary_section(pairs, loss, s, baseline, method)
+    lines += _secondary_section(loss, s, baseline, method)
+    lines += ["", "Plot: `verdict_deltas.png` (each seed's Δ, the mean with its 95% interval, the equivalence "
+              "margins).", ""]
+    _plot(study_dir / "verdict_deltas.png", loss, s, baseline)
+    write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
+                                                      "non_embedding_parameters", "val_loss", "full_val_loss"])
+    markdown = "\n".join(lines)
+    atomic_write(study_dir / "report.md", markdown)
+    return markdown
+
+
+def _pairs(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
+    """(seed, baseline's endpoint, variant's endpoint) for the seeds where both finished."""
+    return [(seed, loss[(baseline, seed, tpp)][endpoint], loss[(variant, seed, tpp)][endpoint]) for seed in seeds
+            if (baseline, seed, tpp) in loss and (variant, seed, tpp) in loss]
+
+
+def _primary_section(pairs: list[tuple], loss: dict, s: dict, baseline: str, method: str) -> list[str]:
+    deltas = [v - b for _, b, v in pairs]
+    decision = decide(deltas, s["margin"], s["confidence"], s["alpha"])
+    interval, tost = decision["interval"], decision["tost"]
+    base_mean, base_sd = mean_std([b for _, b, _ in pairs])
+    lines = [f"**Verdict: {decision['words']}.**", "",
+             f"- mean Δ {interval['mean']:+.4f} nats ({-interval['mean'] / base_mean:+.2%} relative change, "
+             f"(baseline - variant) / baseline), {s['confidence']:.0%} interval {interval_text(interval)}, "
+             f"paired sd {interval['sd']:.4f} (planned for {s['planning_sd']:g}), p = {interval['p']:.3g};",
+             f"- equivalence test: p = {tost['p_lower']:.3g} against Δ <= -{s['margin']:g} and p = {tost['p_upper']:.3g} "
+             f"against Δ >= +{s['margin']:g}; {1 - 2 * s['alpha']:.0%} interval [{tost['low']:+.4f}, {tost['high']:+.4f}] "
+             + ("inside" if tost["equivalent"] else "not inside") + f" ±{s['margin']:g};",
+             f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole val split ({len(pairs)} seeds)."]
+    if decision["verdict"] == "inconclusive":
+        needed = pairs_needed(s["margin"], interval["sd"])
+        lines.append(f"- What would settle it: at the observed paired sd, a new study of {needed or 'more than 10,000'} "
+                     f"pairs has 80% power to find a difference of {s['margin']:g} nats (seeds are not added to this one).")
+    windows = paired_difference([loss[(method, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs],
+                                [loss[(baseline, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs])
+    lines += ["", f"The same pairs on the 128 fixed eval windows used during training (16,384 tokens; not the "
+              f"endpoint): Δ {windows['mean']:+.4f} {interval_text(windows)}.", "",
+              f"| seed | {baseline} | {method} | Δ |", "|---|---|---|---|"]
+    lines += [f"| {seed} | {b:.4f} | {v:.4f} | {v - b:+.4f} |" for seed, b, v in pairs]
+    return lines
+
+
+def _secondary_section(loss: dict, s: dict, baseline: str, method: str) -> list[str]:
+    """The declared secondary comparisons, one Holm family: every (variant, budget) but the primary one."""
+    family = [(v, tpp) for v in [method, *s["secondary"]] for tpp in s["budgets_tpp"] if (v, tpp) != (method, s["primary_tpp"])]
+    rows = []
+    for variant, tpp in family:
+        pairs = _pairs(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
+        if len(pairs) == len(s["seeds"]):
+            rows.append((variant, tpp, paired_difference([v for _, _, v in pairs], [b for _, b, _ in pairs],
+                                                         s["confidence"])))
+    lines = ["", "## Secondary comparisons (declared in advance; not part of the decision)", ""]
+    if not rows:
+        return lines + ["None has all its pairs yet (the identity arm runs after the primary arms)."]
+    adjusted = holm([p["p"] for _, _, p in rows])
+    lines += [f"Holm-adjusted over the {len(rows)} comparisons below (of {len(family)} declared; one with unfinished "
+              "pairs is left out until it has them).", "",
+              f"| variant | tokens/param | pairs | mean Δ vs {baseline} | 95% interval | p | Holm p | reading |",
+              "|---|---|---|---|---|---|---|---|"]
+    for (variant, tpp, p), p_holm in zip(rows, adjusted):
+        reading = "within noise" if p_holm >= 1 - s["confidence"] else ("lower loss" if p["mean"] < 0 else "higher loss")
+        lines.append(f"| {variant} | {tpp:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | "
+                     f"{p_holm:.3g} | {reading} |")
+    return lines
+
+
+def _plot(path: Path, loss: dict, s: dict, baseline: str) -> None:
+    cells = [(v, tpp) for v in [s["primary"][1], *s["secondary"]] for tpp in sorted(s["budgets_tpp"], reverse=True)]
+    cells = [(v, tpp, _pairs(loss, baseline, v, s["seeds"], tpp, s["endpoint"])) for v, tpp in cells]
+    cells = [(v, tpp, pairs) for v, tpp, pairs in cells if len(pairs) == len(s["seeds"])]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for x, (variant, tpp, pairs) in enumerate(cells):
+        deltas = [v - b for _, b, v in pairs]
+        p = paired_difference(deltas, [0.0] * len(deltas), s["confidence"])
+        ax.scatter([x + 0.12 * (i / max(1, len(deltas) - 1) - 0.5) for i in range(len(deltas))], deltas, s=12,
+                   color="grey", alpha=0.7, zorder=2)
+        ax.errorbar([x + 0.25], [p["mean"]], yerr=[[p["mean"] - p["low"]], [p["high"] - p["mean"]]], fmt="o",
+                    color="C0" if (variant, tpp) == (s["primary"][1], s["primary_tpp"]) else "C1", capsize=4, zorder=3)
+    ax.axhline(0.0, color="k", lw=0.8)
+    for sign in (-1, 1):
+        ax.axhline(sign * s["margin"], color="C3", lw=0.8, ls="--")
+    ax.set_xticks(range(len(cells)), labels=[f"{v}\n{tpp:g} tok/param\nn={len(pairs)}" for v, tpp, pairs in cells],
+                  fontsize=8)
+    ax.set(ylabel=f"Δ {s['endpoint']} vs {baseline} (nats; < 0 is better)",
+           title=f"verdict: per-seed Δ, mean with {s['confidence']:.0%} interval; dashed: ±{s['margin']:g} "
+                 f"(lr {s['lr']:g} for every variant)")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3, axis="y")
+    save_figure(fig, path)

@@ -1,0 +1,72 @@
+"""Token budgets as warmup-stable-decay branches: one stable run per (variant, seed), in segments that end where
+each budget's cooldown starts, and from each segment's last checkpoint that budget's cooldown. A budget then
+costs only its cooldown beyond the longest stable run; tests/test_training.py checks that a branch equals a
+straight run of the same budget bitwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from nlq.config import RunConfig, update
+from nlq.model import Transformer
+from nlq.studies.study import Run, Study, Variant
+from nlq.training.schedule import cooldown_start
+
+
+def non_embedding_parameters(config: RunConfig) -> int:
+    with torch.device("meta"):
+        return Transformer(config.model).num_parameters()
+
+
+def budget_steps(config: RunConfig, shape: dict, tpp: float) -> int:
+    """Steps for tpp tokens per non-embedding parameter of the linear model of this shape (every variant of a
+    shape gets the same tokens)."""
+    linear = update(config, {"model": dict(shape, query="linear", mlp_ratio=4.0)})
+    tokens_per_step = config.train.batch_size * config.model.block_size
+    return max(1, round(tpp * non_embedding_parameters(linear) / tokens_per_step))
+
+
+def merged(raw: dict, more: dict) -> dict:
+    """Nested {section: {field: value}} changes with `more` applied on top (a copy)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for section, values in more.items():
+        out.setdefault(section, {}).update(values)
+    return out
+
+
+def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, width: str, shape: dict,
+              budgets_tpp: list[float], lr: float, min_lr: float, branch: dict | None = None) -> list[list[Run]]:
+    """The runs of one (variant, seed), level by level: a level is the stable segment up to a budget's cooldown
+    (none for a budget too short to have one) and that budget's branch; the levels must run in order, in one
+    process (the runs share the group of the stable run). branch: more changes for the branches."""
+    steps = [budget_steps(study.base, shape, tpp) for tpp in budgets_tpp]
+    longest = max(steps)
+    stable = Run(study, variant, seed, None, tag=width, suffix="-stable")  # for its name
+    stable_dir = (study_dir / "runs" / stable.name).resolve()
+    common = {"model": dict(shape), "train": {"lr": lr, "min_lr": min_lr}}
+    levels = []
+    for tpp, budget in zip(budgets_tpp, steps):
+        level = []
+        start = cooldown_start(update(study.base, {"train": {"max_steps": budget}}).train)
+        if start > 0:
+            level.append(Run(study, variant, seed, None, merged(common, {"train": {
+                "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
+                "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
+                labels={"stage": "stable", "width": width}, group=stable.name))
+        changes = {"max_steps": budget, "eval_every": budget}
+        if start > 0:
+            changes["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
+        level.append(Run(study, variant, seed, None, merged(merged(common, {"train": changes}), branch or {}),
+                         tag=f"{width}-tpp{tpp:g}", labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget},
+                         group=stable.name))
+        levels.append(level)
+    return levels
+
+
+def chain_tokens(config: RunConfig, shape: dict, budgets_tpp: list[float]) -> int:
+    """Training tokens of one chain: the longest stable run plus every budget's cooldown."""
+    ends = [budget_steps(config, shape, t) for t in budgets_tpp]
+    starts = [cooldown_start(update(config, {"train": {"max_steps": e}}).train) for e in ends]
+    return (max(starts) + sum(e - s for s, e in zip(starts, ends))) * config.train.batch_size * config.model.block_size

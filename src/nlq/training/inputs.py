@@ -1,0 +1,155 @@
+"""What a run trains and evaluates on, behind one interface: token shards of a prepared corpus, or a synthetic
+task generated on the fly (data/tasks.py). The trainer asks the inputs for batches, eval sets and the extra
+metrics their kind has, so it needs no `if task` of its own. Also the batch geometry: global batch, micro
+batches and accumulation for a world size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nlq.config import RunConfig, TrainConfig
+from nlq.data.batches import BatchPlan
+from nlq.data.shards import TokenData, load_data
+from nlq.errors import UserError
+from nlq.runs.rundir import copy_data_files, tokenizer_files
+from nlq.training.evaluate import bits_per_byte, check_vocab, make_eval_set, make_full_eval_set
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    global_rows: int  # context windows per optimizer step, over all ranks
+    micro_rows: int  # windows per forward pass on one rank
+    accum: int  # micro steps per optimizer step on each rank
+
+    def tokens(self, context: int) -> int:
+        return self.global_rows * context
+
+
+def batch_spec(train: TrainConfig, context: int, world: int) -> BatchSpec:
+    """The global batch stays the same whatever the world size; the accumulation adapts to it."""
+    if train.batch_tokens is None:
+        global_rows = train.batch_size
+    elif train.batch_tokens % context:
+        raise UserError(f"train.batch_tokens={train.batch_tokens} is not a multiple of model.block_size={context}")
+    else:
+        global_rows = train.batch_tokens // context
+    if global_rows % world:
+        raise UserError(f"a global batch of {global_rows} windows does not split over {world} processes; "
+                        f"make train.batch_tokens / model.block_size a multiple of {world}")
+    per_rank = global_rows // world
+    micro = min(train.batch_size, per_rank)
+    if per_rank % micro:
+        raise UserError(f"{per_rank} windows per process do not split into micro-batches of train.batch_size="
+                        f"{train.batch_size}; pick a batch_size that divides {per_rank}")
+    return BatchSpec(global_rows, micro, per_rank // micro)
+
+
+class _MaskedPlan:
+    """Masked-LM batches of a corpus: the same windows as next-token training, masked per (seed, step, row)."""
+
+    def __init__(self, plan: BatchPlan, vocab_size: int, mask_prob: float):
+        self.plan, self.vocab_size, self.mask_prob = plan, vocab_size, mask_prob
+
+    def batch(self, step: int, rank: int = 0, world: int = 1, micro: int = 0, n_micro: int = 1):
+        return self.plan.mlm_batch(step, rank, world, micro, n_micro, self.vocab_size, self.vocab_size, self.mask_prob)
+
+
+class CorpusInputs:
+    """A prepared data directory (nlq prepare)."""
+
+    scores_answers = False  # the training loss covers every token; no accuracy to log per step
+
+    def __init__(self, config: RunConfig):
+        if not config.data.dir:
+            raise UserError("no data directory: pass --data DATA_DIR (made by nlq prepare)")
+        self.config = config
+        self.data: TokenData = load_data(config.data.dir)
+        check_vocab(self.data, config.model, config.train.objective)  # before any compute
+
+    def plan(self, global_rows: int, seed: int):
+        cfg = self.config
+        plan = BatchPlan(self.data.train, cfg.model.block_size, global_rows, seed, cfg.data.batch_mode)
+        return _MaskedPlan(plan, self.data.vocab_size, cfg.train.mask_prob) if cfg.train.objective == "mlm" else plan
+
+    def eval_set(self):
+        return make_eval_set(self.config, self.data)
+
+    def full_eval_set(self):
+        return make_full_eval_set(self.config, self.data)
+
+    def loss_metrics(self, loss: float, prefix: str = "val") -> dict:
+        """Bits per byte of text, for next-token models (masked LM scores only 15% of it)."""
+        if self.config.train.objective != "clm":
+            return {}
+        return {f"{prefix}_bpb": bits_per_byte(loss, self.data.bytes_per_token("val"))}
+
+    def save_files(self, run_dir: Path) -> None:
+        copy_data_files(self.data, run_dir)
+
+    def checkpoint_files(self) -> dict | None:
+        return tokenizer_files(self.data)
+
+    def summary(self) -> dict:
+        data = self.data
+        entropy = unigram_entropy(data.train, data.vocab_size) if len(data.train) < 2**30 else None
+        return {"unigram_entropy": entropy}
+
+
+class TaskInputs:
+    """A synthetic task generated on the fly; its table and held-out set come from data.eval_seed."""
+
+    scores_answers = True  # loss and accuracy count the answer positions only
+
+    def __init__(self, config: RunConfig):
+        from nlq.data.tasks import Task
+
+        cfg = config.data
+        self.config = config
+        self.task = Task(cfg.task, cfg.task_vocab, cfg.task_pairs, config.model.block_size, cfg.eval_seed)
+        if self.task.vocab_size > config.model.vocab_size:
+            raise UserError(f"task {self.task.name} uses {self.task.vocab_size} token ids, more than "
+                            f"model.vocab_size={config.model.vocab_size}; set --model.vocab_size={self.task.vocab_size}")
+        if config.train.objective != "clm":
+            raise UserError(f"data.task={cfg.task} trains next-token prediction on its answers; use "
+                            f"--train.objective=clm (and a causal model)")
+
+    def plan(self, global_rows: int, seed: int):
+        from nlq.data.tasks import TaskPlan
+
+        return TaskPlan(self.task, global_rows, seed)
+
+    def eval_set(self):
+        from nlq.data.tasks import TaskEvalSet
+
+        return TaskEvalSet(self.task, np.arange(self.config.data.eval_windows), self.config.data.eval_seed)
+
+    def full_eval_set(self):
+        raise UserError("a synthetic task has no val split to score whole; use data.final_eval=windows")
+
+    def loss_metrics(self, loss: float, prefix: str = "val") -> dict:
+        return {}
+
+    def save_files(self, run_dir: Path) -> None:
+        pass
+
+    def checkpoint_files(self) -> dict | None:
+        return None
+
+    def summary(self) -> dict:
+        return {"unigram_entropy": None}
+
+
+def load_inputs(config: RunConfig) -> CorpusInputs | TaskInputs:
+    return TaskInputs(config) if config.data.task else CorpusInputs(config)
+
+
+def unigram_entropy(tokens: np.ndarray, vocab_size: int, block: int = 1 << 26) -> float:
+    """Entropy (nats) of the token frequencies: the loss of a model that ignores context."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(0, len(tokens), block):
+        counts += np.bincount(tokens[i:i + block], minlength=vocab_size)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
