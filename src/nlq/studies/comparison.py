@@ -24,21 +24,17 @@ from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change
-from nlq.studies.study import DataSpec, Study, Variant
+from nlq.studies.study import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, DataSpec, Study, Variant
 from nlq.studies.tables import RunResult, best_lr, load_results
 
 
 def _paper_variants(mlp: bool = True) -> list[Variant]:
     variants = [
-        Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
-        Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
-        Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)"),
-        Variant("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, linear control"),
+        LINEAR, NONLINEAR, IDENTITY, RESIDUAL,
     ]
     if mlp:
         variants += [
-            Variant("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)"),
-            Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)"),
+            MLP_4_5, MLP_4_75,
         ]
     return variants
 
@@ -107,7 +103,7 @@ def paper() -> Study:
         Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method at the baseline's lr"),
         Variant("nonlinear-lr3.6e-3", {"model": {"query": "nonlinear"}, "train": {"lr": 3.6e-3, "min_lr": 2e-5}},
                 "the method at the paper's v3 lr"),
-        Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (+12.5%)"),
+        MLP_4_75,
     ]
     return Study("paper", "the paper's GPT-3-small recipe (60k steps of 491,520 tokens)", get_preset("gpt3-small"),
                  variants, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))

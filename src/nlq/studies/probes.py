@@ -18,16 +18,11 @@ from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.runs.metrics import read_metrics
 from nlq.studies.plots import plt, save_figure
-from nlq.studies.stats import paired_difference
-from nlq.studies.study import DataSpec, Run, Study, Variant
+from nlq.studies.stats import mean_std, median, paired_difference
+from nlq.studies.study import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.tables import load_summaries, write_runs_csv
 
-VARIANTS = [
-    Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
-    Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
-    Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q"),
-    Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (+12.5%)"),
-]
+VARIANTS = [LINEAR, NONLINEAR, IDENTITY, MLP_4_75]
 # name -> task, keys/values per vocabulary, pairs to hold, example length, widths. Sized on 2 CPU cores
 # (docs/RESULTS.md has the calibration): recall needs a 2-layer induction circuit, which appears after a long
 # plateau, so the recall tasks are small and the runs long enough for the transition; difficulty grows with the
@@ -136,9 +131,8 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
 
 
 def _probe_row(task: str, width: int, variant: str, mine: list[dict], base: dict) -> str:
-    accs = [r["val_acc"] for r in mine]
-    mean = sum(accs) / len(accs)
-    spread = f" ± {math.sqrt(sum((a - mean) ** 2 for a in accs) / (len(accs) - 1)):.3f}" if len(accs) > 1 else ""
+    mean, sd = mean_std([r["val_acc"] for r in mine])
+    spread = f" ± {sd:.3f}" if len(mine) > 1 else ""
     solved = [r["steps_to_solve"] for r in mine]
     steps = ", ".join("-" if s is None else f"{s:,}" for s in solved)
     row = (f"| {task} | {width} | {variant} | {len(mine)} | {mean:.3f}{spread} | "

@@ -24,16 +24,12 @@ from nlq.config import RunConfig, update
 from nlq.fileio import atomic_write, read_json
 from nlq.presets import get_preset
 from nlq.studies.plots import plt, save_figure
-from nlq.studies.stats import paired_difference
-from nlq.studies.study import DataSpec, Run, Study, Variant
+from nlq.studies.stats import mean_std, paired_difference
+from nlq.studies.study import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.tables import load_summaries, write_runs_csv
 from nlq.studies.wsd import budget_steps, chain_tokens, merged, wsd_chain
 
-VARIANTS = [
-    Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
-    Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
-    Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)"),
-]
+VARIANTS = [LINEAR, NONLINEAR, MLP_4_75]
 # width -> model shape, budgets in tokens per non-embedding parameter, lrs to sweep, the sweep's budget
 WIDTHS = {
     "d64": {"shape": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "budgets": [2, 5, 10, 20, 50, 100, 300],
@@ -166,9 +162,8 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
             base = {r["seed"]: r for r in cell if r["variant"] == "linear"}
             if not base:
                 continue
-            base_losses = [r["val_loss"] for r in base.values()]
-            base_text = f"{sum(base_losses) / len(base_losses):.4f}" + (
-                f" ± {_std(base_losses):.4f}" if len(base_losses) > 1 else "")
+            base_mean, base_sd = mean_std([r["val_loss"] for r in base.values()])
+            base_text = f"{base_mean:.4f}" + (f" ± {base_sd:.4f}" if len(base) > 1 else "")
             for variant in variants[1:]:
                 pairs = [(r["val_loss"], base[r["seed"]]["val_loss"]) for r in cell
                          if r["variant"] == variant and r["seed"] in base]
@@ -223,11 +218,6 @@ def tpp_trends(budgets: list[dict], variants: list[str], min_points: int = 3) ->
                 trends[(width, variant)] = paired_difference(slopes, [0.0] * len(slopes)) | {
                     "span": f"{span[0]:g}-{span[-1]:g}"}
     return trends
-
-
-def _std(values: list[float]) -> float:
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[str]:

@@ -34,6 +34,15 @@ class Variant:
     note: str = ""
 
 
+# The variants the studies share, defined once (a study may add its own, e.g. the paper's lr for the method).
+LINEAR = Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q")
+NONLINEAR = Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2")
+IDENTITY = Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)")
+RESIDUAL = Variant("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, a linear control")
+MLP_4_5 = Variant("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)")
+MLP_4_75 = Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)")
+
+
 @dataclass(frozen=True)
 class DataSpec:
     """What `nlq prepare` makes for the study when no --data is given."""

@@ -17,7 +17,7 @@ from nlq.fileio import atomic_write
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.scaling import base as scaling_base
 from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed
-from nlq.studies.study import DataSpec, Run, Study, Variant
+from nlq.studies.study import IDENTITY, LINEAR, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 from nlq.studies.wsd import chain_tokens, wsd_chain
 
@@ -38,11 +38,7 @@ SETTINGS = {
     "planning_sd": 0.045,  # the paired sd the number of pairs was chosen for
 }
 
-VARIANTS = [
-    Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q"),
-    Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2"),
-    Variant("identity", {"model": {"query": "identity"}}, "secondary: Q = X, no W_Q"),
-]
+VARIANTS = [LINEAR, NONLINEAR, IDENTITY]
 DATA = DataSpec("pypkg", "bpe:2048")
 
 
