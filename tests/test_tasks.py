@@ -104,7 +104,7 @@ def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
 
 
 def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
-    from nlq.studies.probes import pooled_solve_rows
+    from nlq.studies.probes import format_pooled_rows, pooled_solve_rows
 
     def run(variant, seed, width, steps):
         return {"task": "mqar-2", "width": width, "seed": seed, "variant": variant, "steps_to_solve": steps}
@@ -112,7 +112,8 @@ def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
     runs = [run("linear", s, w, 900 if (s, w) == (1, 32) else None) for s in (1, 2, 3) for w in (32, 64)]
     runs += [run("identity", s, w, 100 * s) for s in (1, 2, 3) for w in (32, 64)]  # solves all 6
     runs += [run("nonlinear", s, w, None) for s in (1, 2, 3) for w in (32, 64)]  # solves none
-    rows = pooled_solve_rows("mqar-2", runs, ["linear", "identity", "nonlinear"])
-    assert rows[0] == "| mqar-2 | linear | 1/6 | | | | 900 |"
-    assert rows[1] == "| mqar-2 | identity | 6/6 | 5 | 0 | 0.0625 | 200 |"  # 5 discordant wins: p = 2 / 2^5
-    assert rows[2] == "| mqar-2 | nonlinear | 0/6 | 0 | 1 | 1 | - |"
+    rows = format_pooled_rows(pooled_solve_rows("mqar-2", runs, ["linear", "identity", "nonlinear"]))
+    assert rows[0] == "| mqar-2 | linear | 1/6 | | | | | 900 |"
+    # 5 discordant wins: p = 2 / 2^5; Holm over the two tests: 2 x 0.0625
+    assert rows[1] == "| mqar-2 | identity | 6/6 | 5 | 0 | 0.0625 | 0.125 | 200 |"
+    assert rows[2] == "| mqar-2 | nonlinear | 0/6 | 0 | 1 | 1 | 1 | - |"

@@ -23,9 +23,9 @@ from nlq.errors import UserError
 from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.studies.plots import plt, save_figure
-from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change
+from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_change
 from nlq.studies.study import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, DataSpec, Study, Variant
-from nlq.studies.tables import RunResult, best_lr, load_results
+from nlq.studies.tables import RunResult, best_lr, interval_text, load_results
 
 
 def _paper_variants(mlp: bool = True) -> list[Variant]:
@@ -172,10 +172,12 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
                      f"{r['val_loss']:.4f}{std} | {r['ppl']:.2f} | {r['d_loss']:+.2%} | {r['d_ppl']:+.2%} | "
                      f"{r['tokens_per_s']:,.0f} |" + (f" {r['acc']:.4f} |" if with_acc else ""))
     lines += ["", f"## Paired differences vs `{baseline}` (variant - baseline, same seed = same batches)", "",
-              "| variant | pairs | mean Δ val loss | 95% interval | verdict |", "|---|---|---|---|---|"]
-    for variant, p in paired.items():
-        interval = f"[{p['low']:+.4f}, {p['high']:+.4f}]" if not math.isnan(p["low"]) else "n/a"
-        lines.append(f"| {variant} | {p['n']} | {p['mean']:+.4f} | {interval} | {p['verdict']} |")
+              f"Verdicts are Holm-adjusted over the {len(paired)} variants compared with `{baseline}` (one family); the "
+              "intervals are unadjusted.", "",
+              "| variant | pairs | mean Δ val loss | 95% interval | p | Holm p | verdict (Holm) |", "|---|---|---|---|---|---|---|"]
+    for variant, p in zip(paired, holm_verdicts(list(paired.values()))):
+        p_text = "" if math.isnan(p["p"]) else f"{p['p']:.3g} | {p['p_holm']:.3g}"
+        lines.append(f"| {variant} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p_text or ' | '} | {p['verdict']} |")
     lines += ["", "## Parameter equivalence", ""]
     if not study.get("width_family"):
         lines.append("This study has no family of wider linear baselines, so no parameter equivalent is fitted.")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 from scipy.stats import binomtest
 
 from nlq.config import RunConfig, update
@@ -18,7 +17,7 @@ from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.runs.metrics import read_metrics
 from nlq.studies.plots import plt, save_figure
-from nlq.studies.stats import mean_std, median, paired_difference
+from nlq.studies.stats import holm, holm_verdicts, mean_std, median, paired_difference
 from nlq.studies.study import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.tables import load_summaries, write_runs_csv
 
@@ -96,9 +95,9 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
              "the paired difference of each variant to `linear` (same seed: same examples, shared initial weights) "
              "with its 95% interval, in final accuracy and in final loss.", "",
              f"| task | width | variant | seeds | accuracy | solved | step reaching {threshold:.0%} (per seed) | "
-             "Δ accuracy vs linear | 95% interval | Δ loss vs linear | verdict (loss) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    cells = {}
+             "Δ accuracy vs linear | 95% interval | Δ loss vs linear | p (loss) | Holm p | verdict (loss, Holm) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    cells, rows = {}, []
     for task in dict.fromkeys(r["task"] for r in runs):
         for width in sorted({r["width"] for r in runs if r["task"] == task}):
             cell = [r for r in runs if r["task"] == task and r["width"] == width]
@@ -107,20 +106,33 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
                 mine = sorted((r for r in cell if r["variant"] == variant), key=lambda r: r["seed"])
                 if mine:
                     cells[(task, width, variant)] = [r["val_acc"] for r in mine]
-                    lines.append(_probe_row(task, width, variant, mine, base))
+                    rows.append(_probe_row(task, width, variant, mine, base))
+    tests = holm_verdicts([loss for _, loss in rows if loss is not None])
+    for text, loss in rows:
+        if loss is None:
+            lines.append(text + " | | | | | | |")
+            continue
+        loss = tests.pop(0)
+        lines.append(text + f" {loss['mean']:+.4f} | {loss['p']:.3g} | {loss['p_holm']:.3g} | {loss['verdict']} |")
+    lines[4] += (f" Loss verdicts are Holm-adjusted over the {sum(loss is not None for _, loss in rows)} cells with "
+                 "pairs (one family); the intervals are unadjusted.")
     lines += ["", "## Solved or not, pooled over widths (paired by task, width and seed)", "",
               f"Final accuracy is nearly all-or-nothing (a run either forms the recall mechanism or stays on the plateau), "
               "so a 3-seed t interval per cell says little. Pooled over a task's widths (and over all tasks), each "
               "variant's runs are paired with `linear`'s of the same task, width and seed: how often one solved it "
               f"(held-out accuracy >= {threshold:.0%} at some evaluation) and the other did not, with an exact two-sided "
               "sign test on those discordant pairs.", "",
-              "| tasks | variant | runs solved | solved, linear not | linear solved, variant not | sign test p | "
-              "median step reaching it (solved runs) |", "|---|---|---|---|---|---|---|"]
-    for scope in [*dict.fromkeys(r["task"] for r in runs), "all"]:
-        lines += pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], variants)
-    lines += ["", "Plots: `probes_accuracy.png` (final held-out accuracy against width, a line per variant, band = "
-              "min..max over seeds); `probes_curves.png` (held-out accuracy over training steps, mean over seeds, "
-              "a panel per task and width).", ""]
+              "| tasks | variant | runs solved | solved, linear not | linear solved, variant not | sign test p | Holm p | "
+              "median step reaching it (solved runs) |", "|---|---|---|---|---|---|---|---|"]
+    pooled = [row for scope in [*dict.fromkeys(r["task"] for r in runs), "all"]
+              for row in pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], variants)]
+    lines += format_pooled_rows(pooled)
+    lines += ["", f"Sign-test p values are Holm-adjusted over the {sum(r['p'] is not None for r in pooled)} tests of this "
+              "table (one family, though the 'all' rows pool the task rows). The median of an even count is the mean "
+              "of the middle two.", "",
+              "Plots: `probes_accuracy.png` (final held-out accuracy against width: a line per variant through the "
+              "mean, each seed a dot; variants are drawn side by side, so none hides another); `probes_curves.png` "
+              "(held-out accuracy over training steps, each seed its own line, a panel per task and width).", ""]
     _plot_accuracy(study_dir / "probes_accuracy.png", cells, variants)
     _plot_curves(study_dir / "probes_curves.png", runs, variants, threshold)
     write_runs_csv(study_dir / "results.csv", runs,
@@ -139,51 +151,65 @@ def _probe_row(task: str, width: int, variant: str, mine: list[dict], base: dict
            f"{sum(s is not None for s in solved)}/{len(solved)} | {steps}")
     pairs = [(r, base[r["seed"]]) for r in mine if r["seed"] in base]
     if variant == "linear" or not pairs:
-        return row + " | | | | |"
+        return row, None
     acc = paired_difference([a["val_acc"] for a, _ in pairs], [b["val_acc"] for _, b in pairs])
     loss = paired_difference([a["val_loss"] for a, _ in pairs], [b["val_loss"] for _, b in pairs])
     interval = f"[{acc['low']:+.3f}, {acc['high']:+.3f}]" if not math.isnan(acc["low"]) else "n/a"
-    return row + f" | {acc['mean']:+.3f} | {interval} | {loss['mean']:+.4f} | {loss['verdict']} |"
+    return row + f" | {acc['mean']:+.3f} | {interval} |", loss
 
 
-def pooled_solve_rows(scope: str, runs: list[dict], variants: list[str]) -> list[str]:
+def pooled_solve_rows(scope: str, runs: list[dict], variants: list[str]) -> list[dict]:
+    """Per variant: runs solved, and against linear's run of the same task, width and seed the discordant pairs
+    (solved where linear did not, and the reverse) with an exact two-sided sign test; the median solving step."""
     solved = {(r["task"], r["width"], r["seed"], r["variant"]): r["steps_to_solve"] is not None for r in runs}
-    steps = {v: sorted(r["steps_to_solve"] for r in runs if r["variant"] == v and r["steps_to_solve"] is not None)
-             for v in variants}
     rows = []
     for variant in variants:
         mine = [key for key in solved if key[3] == variant]
         if not mine:
             continue
-        median = f"{steps[variant][len(steps[variant]) // 2]:,}" if steps[variant] else "-"
-        row = f"| {scope} | {variant} | {sum(solved[k] for k in mine)}/{len(mine)} |"
+        steps = [r["steps_to_solve"] for r in runs if r["variant"] == variant and r["steps_to_solve"] is not None]
+        row = {"scope": scope, "variant": variant, "solved": sum(solved[k] for k in mine), "runs": len(mine),
+               "median": median(steps) if steps else None, "wins": None, "losses": None, "p": None}
         pairs = [(solved[k], solved[(*k[:3], "linear")]) for k in mine if (*k[:3], "linear") in solved]
-        if variant == "linear" or not pairs:
-            rows.append(row + f" | | | {median} |")
-            continue
-        wins, losses = sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
-        p = binomtest(wins, wins + losses).pvalue if wins + losses else 1.0
-        rows.append(row + f" {wins} | {losses} | {p:.3g} | {median} |")
+        if variant != "linear" and pairs:
+            wins, losses = sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
+            row |= {"wins": wins, "losses": losses, "p": binomtest(wins, wins + losses).pvalue if wins + losses else 1.0}
+        rows.append(row)
     return rows
 
 
+def format_pooled_rows(rows: list[dict]) -> list[str]:
+    """The pooled table's lines, each sign test with its Holm-adjusted p over all the rows' tests."""
+    tested = [r for r in rows if r["p"] is not None]
+    adjusted = dict(zip(map(id, tested), holm([r["p"] for r in tested])))
+    lines = []
+    for r in rows:
+        median_text = "-" if r["median"] is None else f"{r['median']:,.0f}"
+        head = f"| {r['scope']} | {r['variant']} | {r['solved']}/{r['runs']} |"
+        if r["p"] is None:
+            lines.append(head + f" | | | | {median_text} |")
+        else:
+            lines.append(head + f" {r['wins']} | {r['losses']} | {r['p']:.3g} | {adjusted[id(r)]:.3g} | {median_text} |")
+    return lines
+
+
 def _plot_curves(path: Path, runs: list[dict], variants: list[str], threshold: float) -> None:
+    """Held-out accuracy over training, a panel per (task, width), each seed its own line: a run either leaves the
+    plateau or not, and a mean over seeds would draw a partial curve no run followed."""
     panels = list(dict.fromkeys((r["task"], r["width"]) for r in runs))
     if not panels:
         return
     columns = min(4, len(panels))
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows), squeeze=False)
+    colors = {v: f"C{i}" for i, v in enumerate(variants)}
     for ax, (task, width) in zip(axes.flat, panels):
         for variant in variants:
-            curves = []
-            for r in runs:
-                if (r["task"], r["width"], r["variant"]) == (task, width, variant):
-                    curves.append(r["curve"])
-            if not curves:
-                continue
-            steps = sorted(set.intersection(*(set(c) for c in curves)))
-            ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], label=variant, lw=1.2)
+            mine = [r for r in runs if (r["task"], r["width"], r["variant"]) == (task, width, variant)]
+            for i, r in enumerate(sorted(mine, key=lambda r: r["seed"])):
+                steps = sorted(r["curve"])
+                ax.plot(steps, [r["curve"][s] for s in steps], color=colors[variant], lw=0.9, alpha=0.75,
+                        label=variant if i == 0 else None)
         ax.axhline(threshold, color="grey", lw=0.6, ls=":")
         ax.set(title=f"{task}, d {width}", xlabel="step", ylabel="held-out accuracy", ylim=(0, 1.02))
         ax.grid(alpha=0.3)
@@ -194,20 +220,28 @@ def _plot_curves(path: Path, runs: list[dict], variants: list[str], threshold: f
 
 
 def _plot_accuracy(path: Path, cells: dict, variants: list[str]) -> None:
+    """Final held-out accuracy against width, a panel per task; the variants sit side by side around each width
+    (a small offset on the log axis) with their own marker and line style, each seed a dot."""
     tasks = list(dict.fromkeys(t for t, _, _ in cells))
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.6), squeeze=False)
+    markers, styles = "osD^v", ["-", "--", "-.", ":", "-"]
     for ax, task in zip(axes[0], tasks):
-        for variant in variants:
+        for i, variant in enumerate(variants):
             points = sorted((w, accs) for (t, w, v), accs in cells.items() if t == task and v == variant)
             if not points:
                 continue
-            widths = [w for w, _ in points]
-            line, = ax.plot(widths, [sum(a) / len(a) for _, a in points], marker="o", label=variant)
-            ax.fill_between(widths, [min(a) for _, a in points], [max(a) for _, a in points], color=line.get_color(), alpha=0.15)
+            shift = 2 ** (0.07 * (i - (len(variants) - 1) / 2))
+            x = [w * shift for w, _ in points]
+            line, = ax.plot(x, [sum(a) / len(a) for _, a in points], marker=markers[i % 5], ls=styles[i % 5],
+                            label=variant, markersize=6, mfc="none")
+            for xi, (_, accs) in zip(x, points):
+                ax.scatter([xi] * len(accs), accs, s=9, color=line.get_color(), alpha=0.6)
+        widths = sorted({w for t, w, _ in cells if t == task})
         ax.set_xscale("log", base=2)
         ax.minorticks_off()
-        ax.set(xlabel="width d", ylabel="held-out accuracy", title=task, ylim=(0, 1.02))
-        ax.set_xticks(sorted({w for t, w, _ in cells if t == task}), labels=[str(w) for w in sorted({w for t, w, _ in cells if t == task})])
+        ax.set(xlabel="width d", ylabel="held-out accuracy", title=task, ylim=(-0.02, 1.04),
+               xlim=(min(widths) / 1.4, max(widths) * 1.4))
+        ax.set_xticks(widths, labels=[str(w) for w in widths])
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     save_figure(fig, path)

@@ -24,9 +24,9 @@ from nlq.config import RunConfig, update
 from nlq.fileio import atomic_write, read_json
 from nlq.presets import get_preset
 from nlq.studies.plots import plt, save_figure
-from nlq.studies.stats import mean_std, paired_difference
+from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.study import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
-from nlq.studies.tables import load_summaries, write_runs_csv
+from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 from nlq.studies.wsd import budget_steps, chain_tokens, merged, wsd_chain
 
 VARIANTS = [LINEAR, NONLINEAR, MLP_4_75]
@@ -151,11 +151,7 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
              f"Corpus: `{(study.get('data_meta') or {}).get('source')}`, content hash "
              f"`{str((study.get('data_meta') or {}).get('source_hash'))[:16]}`.", "", "## Learning-rate sweep", ""]
     lines += _sweep_table(sweep, variants, (study.get("settings") or {}).get("widths") or {})
-    lines += ["", "## Δ val loss vs `linear` at each budget (variant - linear, paired by seed: same batches and "
-              "shared initial weights)", "",
-              "| width | tokens/param | tokens | linear val loss (mean ± std) | variant | pairs | mean Δ | 95% interval | verdict |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    deltas = {}
+    table, deltas = [], {}
     for width in dict.fromkeys(r["width"] for r in budgets):
         for tpp in sorted({r["tpp"] for r in budgets if r["width"] == width}):
             cell = [r for r in budgets if r["width"] == width and r["tpp"] == tpp]
@@ -170,24 +166,38 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
                 if not pairs:
                     continue
                 p = paired_difference([a for a, _ in pairs], [b for _, b in pairs])
-                deltas[(width, variant, tpp)] = p
-                interval = f"[{p['low']:+.4f}, {p['high']:+.4f}]" if not math.isnan(p["low"]) else "n/a"
-                lines.append(f"| {width} | {tpp:g} | {cell[0]['tokens']:,} | {base_text} | {variant} | "
-                             f"{p['n']} | {p['mean']:+.4f} | {interval} | {p['verdict']} |")
+                p["deltas"] = [a - b for a, b in pairs]
+                own = mean_std([r["tokens"] / r["non_embedding_parameters"] for r in cell if r["variant"] == variant])[0]
+                table.append(((width, variant, tpp), p, f"| {width} | {tpp:g} | {own:.1f} | {cell[0]['tokens']:,} | "
+                                                        f"{base_text} | {variant} |"))
+    tested = holm_verdicts([p for _, p, _ in table])
+    lines += ["", "## Δ val loss vs `linear` at each budget (variant - linear, paired by seed: same batches and "
+              "shared initial weights)", "",
+              f"Tokens/param: per non-embedding parameter of linear (the budget), and of the variant. Verdicts are "
+              f"Holm-adjusted over the {len(table)} intervals of this table (one family); the interval is unadjusted.", "",
+              "| width | tokens/param | variant's tokens/param | tokens | linear val loss (mean ± std) | variant | pairs | "
+              "mean Δ | 95% interval | p | Holm p | verdict (Holm) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (key, _, prefix), p in zip(table, tested):
+        deltas[key] = p
+        lines.append(f"{prefix} {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {_p(p['p'])} | {_p(p['p_holm'])} | "
+                     f"{p['verdict']} |")
+    trends = tpp_trends(budgets, variants)
     lines += ["", "## Trend: Δ per doubling of tokens per parameter", "",
               "Per seed, the least-squares slope of that seed's Δ against log2(tokens per parameter) over its finished "
               "budgets (at least 3); the mean over seeds with a 95% t interval. Below 0: the variant gains on linear "
-              "as tokens grow.", "",
-              "| width | variant | budgets (tokens/param) | seeds | Δ per doubling | 95% interval | reading |",
-              "|---|---|---|---|---|---|---|"]
-    for (width, variant), trend in tpp_trends(budgets, variants).items():
-        interval = f"[{trend['low']:+.4f}, {trend['high']:+.4f}]" if not math.isnan(trend["low"]) else "n/a"
+              f"as tokens grow. Readings are Holm-adjusted over the {len(trends)} rows of this table.", "",
+              "| width | variant | budgets (tokens/param) | seeds | Δ per doubling | 95% interval | p | Holm p | reading |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for ((width, variant), trend), tested_trend in zip(trends.items(), holm_verdicts(list(trends.values()))):
         reading = {"better": "gains as tokens grow", "worse": "loses as tokens grow",
-                   "within noise": "no trend beyond noise"}.get(trend["verdict"], trend["verdict"])
-        lines.append(f"| {width} | {variant} | {trend['span']} | {trend['n']} | {trend['mean']:+.4f} | {interval} | "
-                     f"{reading} |")
-    lines += ["", "Plot: `scaling_delta.png` (mean Δ with its 95% interval band against tokens per parameter).", ""]
-    _plot_deltas(study_dir / "scaling_delta.png", deltas)
+                   "within noise": "no trend beyond noise"}.get(tested_trend["verdict"], tested_trend["verdict"])
+        lines.append(f"| {width} | {variant} | {trend['span']} | {trend['n']} | {trend['mean']:+.4f} | "
+                     f"{interval_text(trend)} | {_p(trend['p'])} | {_p(tested_trend['p_holm'])} | {reading} |")
+    lrs = {(r["width"], r["variant"]): r["lr"] for r in budgets}
+    lines += ["", "Plot: `scaling_delta.png` (each seed's Δ as a dot; the mean with its 95% interval band, unadjusted, "
+              "against tokens per parameter; the legend gives each variant's peak lr and its pairs).", ""]
+    _plot_deltas(study_dir / "scaling_delta.png", deltas, lrs, study["name"])
     write_runs_csv(study_dir / "results.csv", runs, ["name", "stage", "width", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss"])
     markdown = "\n".join(lines)
@@ -253,13 +263,22 @@ def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[s
     return lines
 
 
-def _plot_deltas(path: Path, deltas: dict) -> None:
+def _p(p: float) -> str:
+    return "" if math.isnan(p) else f"{p:.3g}"
+
+
+def _plot_deltas(path: Path, deltas: dict, lrs: dict, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for (width, variant) in dict.fromkeys((w, v) for w, v, _ in deltas):
         points = sorted((tpp, p) for (w, v, tpp), p in deltas.items() if (w, v) == (width, variant))
         x = [tpp for tpp, _ in points]
         style = "-" if variant == "nonlinear" else "--"
-        line, = ax.plot(x, [p["mean"] for _, p in points], style, marker="o", label=f"{variant}, {width}")
+        pairs = sorted({p["n"] for _, p in points})
+        n = f"n={pairs[0]}" if len(pairs) == 1 else f"n={pairs[0]}-{pairs[-1]}"
+        lr = f"lr {lrs[(width, variant)]:g}, linear's {lrs[(width, 'linear')]:g}" if (width, "linear") in lrs else ""
+        line, = ax.plot(x, [p["mean"] for _, p in points], style, marker="o", label=f"{variant}, {width} ({lr}, {n})")
+        for tpp, p in points:  # each seed's Δ
+            ax.scatter([tpp] * len(p["deltas"]), p["deltas"], s=10, color=line.get_color(), alpha=0.5, zorder=1)
         banded = [(tpp, p) for tpp, p in points if not math.isnan(p["low"])]  # one-seed points have no band
         if banded:
             ax.fill_between([t for t, _ in banded], [p["low"] for _, p in banded], [p["high"] for _, p in banded],
@@ -270,7 +289,7 @@ def _plot_deltas(path: Path, deltas: dict) -> None:
     budgets = sorted({tpp for _, _, tpp in deltas})
     ax.set_xticks(budgets, labels=[f"{t:g}" for t in budgets])
     ax.set(xlabel="training tokens per non-embedding parameter",
-           ylabel="Δ val loss vs linear (nats; < 0 is better)", title="scaling: paired Δ with 95% interval")
+           ylabel="Δ val loss vs linear (nats; < 0 is better)", title=f"{title}: paired Δ, seeds and 95% interval")
     ax.grid(alpha=0.3)
     if deltas:
         ax.legend(fontsize=8)

@@ -70,6 +70,21 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
+def holm_verdicts(tests: list[dict], alpha: float = 0.05) -> list[dict]:
+    """Each paired_difference of a family with its Holm-adjusted p ('p_holm') and the verdict at that level:
+    'better' or 'worse' (by the sign of the mean) where p_holm < alpha, else 'within noise'; a test without an
+    interval keeps its own verdict."""
+    adjusted = holm([t["p"] for t in tests])
+    out = []
+    for test, p_holm in zip(tests, adjusted):
+        if math.isnan(p_holm):
+            out.append(test | {"p_holm": p_holm})
+            continue
+        verdict = ("better" if test["mean"] < 0 else "worse") if p_holm < alpha else "within noise"
+        out.append(test | {"p_holm": p_holm, "verdict": verdict})
+    return out
+
+
 VERDICTS = {
     "better": "nonlinear better",
     "worse": "nonlinear worse",

@@ -30,18 +30,39 @@ class RunResult:
     val_acc: float | None = None  # next-token or masked-token accuracy
 
 
-def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
+NUMBERS = ("val_loss", "full_val_loss", "val_bpb", "val_acc", "tokens_per_s", "non_embedding_parameters", "tokens")
+
+
+def read_summary(path: Path) -> dict:
+    """A run's summary.json, its numbers checked: a one-line error names a field that holds no number."""
+    summary = read_json(path, "a run summary; run nlq study again to finish that run")
+    for key in NUMBERS:
+        value = summary.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise UserError(f"{path}: {key} is {value!r}, not a number; the file was not written by nlq (or was "
+                            f"edited); delete it and run nlq study again to redo that run")
+    return summary
+
+
+def read_study(study_dir: Path) -> dict:
     study_path = study_dir / "study.json"
     if not study_path.is_file():
         raise UserError(f"{study_dir} is not a study directory (no study.json); run nlq study NAME --out {study_dir}")
     study = read_json(study_path, "the study's description; run nlq study again to rewrite it")
+    if not isinstance(study.get("runs", []), list) or not all(isinstance(r, dict) and "name" in r for r in study.get("runs", [])):
+        raise UserError(f"{study_path} lists its runs wrongly (not a list of runs with names); run nlq study again")
+    return study
+
+
+def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
+    study = read_study(study_dir)
     results = []
     for run in study.get("runs", []):
         run_dir = study_dir / "runs" / run["name"]
         summary_path = run_dir / "summary.json"
         if not summary_path.is_file():
             continue  # not finished yet
-        summary = read_json(summary_path, "a run summary; run nlq study again to finish that run")
+        summary = read_summary(summary_path)
         if summary.get("val_loss") is None:
             continue
         curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
@@ -59,7 +80,7 @@ def load_summaries(study_dir: Path, study: dict) -> list[dict]:
     for run in study.get("runs", []):
         path = study_dir / "runs" / run["name"] / "summary.json"
         if path.is_file():
-            summary = read_json(path, "a run summary; run nlq study again to finish that run")
+            summary = read_summary(path)
             if summary.get("val_loss") is not None:
                 found[run["name"]] = {**summary, **run}
     return list(found.values())

@@ -1,0 +1,111 @@
+"""Every report, built from synthetic study directories (no training): the numbers it prints, the pre-registered
+verdict, the Holm-adjusted readings, and that a metrics.jsonl whose last line was cut short breaks none of them."""
+
+import json
+
+import pytest
+
+from nlq.errors import UserError
+from nlq.studies.registry import build_report
+from nlq.studies.verdict import SETTINGS
+
+
+def write_study(root, study, runs):
+    """study.json with these runs (labels) and, per run, summary.json and a metrics.jsonl whose last line is cut."""
+    (root / "runs").mkdir(parents=True, exist_ok=True)
+    study = study | {"runs": [{k: v for k, v in r.items() if k not in ("summary", "curve")} for r in runs]}
+    (root / "study.json").write_text(json.dumps(study))
+    for r in runs:
+        run_dir = root / "runs" / r["name"]
+        run_dir.mkdir()
+        (run_dir / "summary.json").write_text(json.dumps(r["summary"]))
+        lines = [json.dumps({"step": step, **values}) for step, values in r.get("curve", [])]
+        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 9999, "val_lo')  # killed mid-line
+
+
+def summary(val_loss, **more):
+    return {"val_loss": val_loss, "non_embedding_parameters": 1000, "tokens_per_s": 1.0, "tokens": 300_000,
+            "final_step": 10, **more}
+
+
+def test_comparison_report_reads_truncated_metrics_and_adjusts_over_the_variants(tmp_path):
+    runs = [{"name": f"{v}-s{s}", "variant": v, "seed": s, "lr": 1e-3, "summary": summary(loss + 0.01 * s),
+             "curve": [(0, {"val_loss": 5.0}), (10, {"val_loss": loss + 0.01 * s})]}
+            for v, loss in (("linear", 3.0), ("nonlinear", 2.9), ("identity", 3.1)) for s in (1, 2, 3)]
+    write_study(tmp_path, {"name": "t", "description": "", "baseline": "linear", "report": "comparison",
+                           "variants": [{"name": v} for v in ("linear", "nonlinear", "identity")]}, runs)
+    markdown = build_report(tmp_path)
+    assert "Holm-adjusted over the 2 variants" in markdown
+    assert "| nonlinear | 3 | -0.1000 |" in markdown and "| identity | 3 | +0.1000 |" in markdown
+
+
+def scaling_runs(deltas):
+    return [{"name": f"d8-tpp{t}-{v}-s{s}", "variant": v, "seed": s, "lr": 1e-3, "stage": "budget", "width": "d8",
+             "tpp": t, "summary": summary(4.0 - 0.1 * t + (d if v == "nonlinear" else 0.0) + 0.01 * s,
+                                          tokens=1000 * t, non_embedding_parameters=1000 if v == "linear" else 1250)}
+            for t, d in deltas.items() for v in ("linear", "nonlinear") for s in (1, 2, 3)]
+
+
+def test_scaling_report_gives_each_variants_tokens_per_parameter_and_holm_verdicts(tmp_path):
+    write_study(tmp_path, {"name": "scaling", "description": "", "baseline": "linear", "report": "scaling",
+                           "variants": [{"name": "linear"}, {"name": "nonlinear"}]}, scaling_runs({2: 0.05, 4: 0.0, 8: -0.05}))
+    markdown = build_report(tmp_path)
+    assert "Holm-adjusted over the 3 intervals" in markdown
+    assert "| d8 | 2 | 1.6 | 2,000 |" in markdown  # 2,000 tokens over the variant's 1,250 parameters
+    assert (tmp_path / "scaling_delta.png").stat().st_size > 0
+
+
+def test_probes_report_medians_are_true_medians_and_sign_tests_are_adjusted(tmp_path):
+    runs = []
+    for v, steps in (("linear", [1800, 2000, None]), ("nonlinear", [1900, 2000, 2200])):
+        for s, solve in enumerate(steps, start=1):
+            curve = [(0, {"val_acc": 0.1}), (100, {"val_acc": 0.5})] + ([(solve, {"val_acc": 0.95})] if solve else [])
+            runs.append({"name": f"mqar-d8-{v}-s{s}", "variant": v, "seed": s, "lr": 1e-3, "stage": "probe",
+                         "task": "mqar-2", "width": 8, "curve": curve,
+                         "summary": summary(1.0, val_acc=0.95 if solve else 0.5)})
+    write_study(tmp_path, {"name": "probes", "description": "", "baseline": "linear", "report": "probes",
+                           "variants": [{"name": "linear"}, {"name": "nonlinear"}], "settings": {"threshold": 0.9}}, runs)
+    markdown = build_report(tmp_path)
+    assert "| mqar-2 | linear | 2/3 | | | | | 1,900 |" in markdown  # (1800 + 2000) / 2: even count
+    assert "| mqar-2 | nonlinear | 3/3 | 1 | 0 | 1 | 1 | 2,000 |" in markdown
+
+
+def verdict_study(tmp_path, pairs, identity=True):
+    """A verdict study of len(seeds) registered pairs, the first `pairs` finished with these Δ."""
+    settings = SETTINGS | {"seeds": [1, 2, 3, 4, 5, 6]}
+    deltas = [-0.050, -0.045, -0.055, -0.048, -0.052, -0.050][:pairs]
+    runs = []
+    for s, d in enumerate(deltas, start=1):
+        for v, shift in (("linear", 0.0), ("nonlinear", d), *((("identity", 0.01 * s),) if identity else ())):
+            for tpp in (100, 300):
+                loss = 3.0 - tpp / 1000 + 0.02 * s + shift
+                runs.append({"name": f"d64-tpp{tpp}-{v}-s{s}", "variant": v, "seed": s, "lr": 2e-3, "stage": "budget",
+                             "width": "d64", "tpp": tpp, "summary": summary(loss + 0.001, full_val_loss=loss)})
+    write_study(tmp_path, {"name": "verdict", "description": "", "baseline": "linear", "report": "verdict",
+                           "settings": settings, "code": ["abc"],
+                           "variants": [{"name": v} for v in ("linear", "nonlinear", "identity")]}, runs)
+
+
+def test_verdict_report_shows_no_endpoint_before_every_registered_pair_is_in(tmp_path):
+    verdict_study(tmp_path, pairs=5)
+    markdown = build_report(tmp_path)
+    assert "5 of 6 pre-registered pairs have finished" in markdown
+    assert "Verdict" not in markdown and "-0.05" not in markdown
+
+
+def test_verdict_report_prints_the_test_and_the_verdict_in_the_rules_words(tmp_path):
+    verdict_study(tmp_path, pairs=6)
+    markdown = build_report(tmp_path)
+    assert "**Verdict: nonlinear better" in markdown and "equivalence test: p =" in markdown
+    assert "mean Δ -0.0500 nats" in markdown
+    assert "Holm-adjusted over the 3 comparisons" in markdown  # nonlinear at 100, identity at 100 and 300
+    assert (tmp_path / "verdict_deltas.png").stat().st_size > 0
+
+
+def test_a_summary_with_a_number_that_is_no_number_is_a_one_line_error(tmp_path):
+    runs = scaling_runs({2: 0.0})
+    runs[0]["summary"]["val_loss"] = "NaN"
+    write_study(tmp_path, {"name": "scaling", "description": "", "baseline": "linear", "report": "scaling",
+                           "variants": [{"name": "linear"}, {"name": "nonlinear"}]}, runs)
+    with pytest.raises(UserError, match="val_loss is 'NaN', not a number"):
+        build_report(tmp_path)
