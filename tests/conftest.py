@@ -72,3 +72,18 @@ def assert_wrapped_run_matches_plain(config, strategy, backend, tmp_path, monkey
     assert len(a) == len(b) == config.train.max_steps
     for x, y in zip(a, b):
         assert abs(x - y) <= 1e-4 * abs(x)
+
+
+# a one-layer model on the byte data: the command-line tests train it in a second or two
+SMALL = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
+         "--model.n_head=2", "--train.batch_size=4", "--data.eval_windows=4", "--train.eval_every=2",
+         "--train.warmup_steps=1"]
+
+
+def train_small(byte_data, out, *extra):
+    """A finished 4-step nano run through the command line (checkpoints at 2 and 4), with extra overrides."""
+    from nlq.cli import main
+
+    main(["train", "--data", str(byte_data), "--out", str(out), "--preset", "nano", *SMALL, "--train.max_steps=4",
+          "--train.checkpoint_every=2", *extra])
+    return out

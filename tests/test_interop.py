@@ -162,40 +162,54 @@ def test_training_starts_from_hf_gpt2_and_converts_its_query(byte_data, tmp_path
 
 # ---- the paper's checkpoints ------------------------------------------------------------------------------
 
-def paper_checkpoint(mode, d=16, heads=2, layers=2, vocab=50, block=8, hidden=40, scale=None):
-    """A dict in the paper's nanoGPT format (names and shapes of its model.py), random values."""
+def paper_checkpoint(mode, d=16, heads=2, layers=2, vocab=50, block=8, hidden=40, scale=None, bias=False,
+                     with_scale=True):
+    """A dict in the paper's nanoGPT format (the key names and shapes of its model.py: LayerNorm and Linear
+    biases named .bias when bias=True), random values including norm gains and biases. with_scale=False leaves
+    `scale` out of model_args, as a checkpoint relying on the paper's GPTConfig default."""
     g = torch.Generator().manual_seed(7)
     rnd = lambda *shape: torch.randn(*shape, generator=g) * 0.3  # noqa: E731
     t = "_orig_mod.transformer."
     state = {t + "wte.weight": rnd(vocab, d), t + "wpe.weight": rnd(block, d), t + "ln_f.weight": 1 + rnd(d)}
+    qkv = (3 if mode in ("original", "residual") else 2) * d
     for i in range(layers):
         h = f"{t}h.{i}."
         state |= {h + "ln_1.weight": 1 + rnd(d), h + "ln_2.weight": 1 + rnd(d),
-                  h + "attn.c_attn.weight": rnd((3 if mode in ("original", "residual") else 2) * d, d),
+                  h + "attn.c_attn.weight": rnd(qkv, d),
                   h + "attn.c_proj.weight": rnd(d, d), h + "mlp.c_fc.weight": rnd(hidden, d),
                   h + "mlp.c_proj.weight": rnd(d, hidden)}
+        if bias:
+            state |= {h + "ln_1.bias": rnd(d), h + "ln_2.bias": rnd(d), h + "attn.c_attn.bias": rnd(qkv),
+                      h + "attn.c_proj.bias": rnd(d), h + "mlp.c_fc.bias": rnd(hidden), h + "mlp.c_proj.bias": rnd(d)}
         if mode == "residual_gelu":
             state |= {h + "attn.residual_rmsnorm_input.weight": 1 + rnd(d), h + "attn.residual_in.weight": rnd(d // 2, d),
                       h + "attn.residual_out.weight": rnd(d, d // 2), h + "attn.residual_layernorm_output.weight": 1 + rnd(d)}
+    if bias:
+        state[t + "ln_f.bias"] = rnd(d)
     state["_orig_mod.lm_head.weight"] = state[t + "wte.weight"]
     scale = scale or (1 / (2 * math.sqrt(d // heads)) if mode != "original" else 1 / math.sqrt(d // heads))
-    args = dict(n_layer=layers, num_heads=heads, n_embd=d, block_size=block, vocab_size=vocab, bias=False,
+    args = dict(n_layer=layers, num_heads=heads, n_embd=d, block_size=block, vocab_size=vocab, bias=bias,
                 tie_weights=True, head_size=d // heads, scale=scale, query_mode=mode, mlp_hidden_size=hidden, dropout=0.0)
+    if not with_scale:
+        del args["scale"]
     return {"model": state, "model_args": args, "iter_num": 1234, "config": {"learning_rate": 6e-4}}
 
 
 def paper_forward(ckpt, idx):
-    """The paper's model, written out from its formulas (docs/METHOD.md, section 2), on the raw tensors."""
+    """The paper's model, written out from its formulas (docs/METHOD.md, section 2), on the raw tensors; a missing
+    `scale` is its GPTConfig default, the constant sqrt(1/64)."""
     s = {k.removeprefix("_orig_mod.transformer.").removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
     a = ckpt["model_args"]
     d, nh, mode = a["n_embd"], a["num_heads"], a["query_mode"]
-    ln = lambda x, w: F.layer_norm(x, (d,), w, None, 1e-5)  # noqa: E731
+    scale = a.get("scale", math.sqrt(1 / 64))
+    ln = lambda x, w, b=None: F.layer_norm(x, (d,), w, b, 1e-5)  # noqa: E731
     T = idx.shape[1]
     x = s["wte.weight"][idx] + s["wpe.weight"][:T]
     for i in range(a["n_layer"]):
-        p = lambda n: s[f"h.{i}.{n}"]  # noqa: E731
-        h = ln(x, p("ln_1.weight"))
-        proj = h @ p("attn.c_attn.weight").T
+        p = lambda n: s.get(f"h.{i}.{n}")  # noqa: E731
+        lin = lambda x, n: x @ p(f"{n}.weight").T + (p(f"{n}.bias") if p(f"{n}.bias") is not None else 0)  # noqa: E731
+        h = ln(x, p("ln_1.weight"), p("ln_1.bias"))
+        proj = lin(h, "attn.c_attn")
         if mode in ("original", "residual"):
             q, k, v = proj.split(d, dim=-1)
             q = q if mode == "original" else h + q
@@ -211,12 +225,12 @@ def paper_forward(ckpt, idx):
         heads = []
         for j in range(nh):
             sl = slice(j * d // nh, (j + 1) * d // nh)
-            scores = (q[..., sl] @ k[..., sl].transpose(-1, -2)) * a["scale"]
+            scores = (q[..., sl] @ k[..., sl].transpose(-1, -2)) * scale
             scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
             heads.append(scores.softmax(-1) @ v[..., sl])
-        x = x + torch.cat(heads, -1) @ p("attn.c_proj.weight").T
-        x = x + F.gelu(ln(x, p("ln_2.weight")) @ p("mlp.c_fc.weight").T) @ p("mlp.c_proj.weight").T
-    return ln(x, s["ln_f.weight"]) @ s["lm_head.weight"].T
+        x = x + lin(torch.cat(heads, -1), "attn.c_proj")
+        x = x + lin(F.gelu(lin(ln(x, p("ln_2.weight"), p("ln_2.bias")), "mlp.c_fc")), "mlp.c_proj")
+    return ln(x, s["ln_f.weight"], s.get("ln_f.bias")) @ s["lm_head.weight"].T
 
 
 @pytest.mark.parametrize("mode", ["original", "identity", "residual", "residual_gelu"])
@@ -240,6 +254,56 @@ def test_paper_checkpoint_of_each_mode_computes_its_formula(mode, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, paper_forward(ckpt, idx), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("with_scale", [True, False])
+@pytest.mark.parametrize("mode", ["original", "identity", "residual", "residual_gelu"])
+def test_paper_checkpoints_with_and_without_bias_and_scale_compute_the_formula(mode, bias, with_scale, tmp_path):
+    """Every mode, bias=True and False, with and without `scale` in model_args (the paper's default then, 0.125 at
+    any head size); residual_gelu with bias has a LayerNorm bias nlq's query does not have: refused in one line."""
+    from nlq.errors import UserError
+    from nlq.interop.load import import_run
+    from nlq.runs.rundir import load_model
+
+    ckpt = paper_checkpoint(mode, d=16, heads=2, bias=bias, with_scale=with_scale)  # head size 8: 0.125 != 8 ** -0.5
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    if mode == "residual_gelu" and bias:
+        with pytest.raises(UserError, match="not supported"):
+            import_run(tmp_path / "ckpt.pt", tmp_path / "run")
+        assert not (tmp_path / "run").exists()
+        return
+    import_run(tmp_path / "ckpt.pt", tmp_path / "run")
+    model, config, _ = load_model(tmp_path / "run")
+    idx = torch.tensor([[1, 5, 9, 2, 44, 7, 0, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], paper_forward(ckpt, idx), rtol=1e-5, atol=1e-5)
+    if not with_scale:
+        assert config.model.attn_scale == 0.125
+
+
+def test_paper_checkpoints_dropout_is_carried_into_the_run(tmp_path):
+    from nlq.interop.load import import_run
+    from nlq.overrides import load_config
+
+    ckpt = paper_checkpoint("residual_gelu")
+    ckpt["model_args"]["dropout"] = 0.1
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    import_run(tmp_path / "ckpt.pt", tmp_path / "run")
+    assert load_config(tmp_path / "run" / "config.json").model.dropout == 0.1
+
+
+def test_weights_that_do_not_fit_their_mode_are_one_line(tmp_path, capsys):
+    from nlq.cli import main
+
+    ckpt = paper_checkpoint("identity")  # c_attn of 2 d rows: identity-shaped
+    ckpt["model_args"]["query_mode"] = "original"
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit) as info:
+        main(["import-checkpoint", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1 and "q_proj" in err and "do not fit" in err, err
+    assert not (tmp_path / "run").exists()
 
 
 def test_imported_run_cannot_be_resumed_but_can_start_a_run(byte_data, tmp_path):
@@ -328,6 +392,36 @@ def test_retrofit_refuses_unsupported_models():
 
     with pytest.raises(UserError, match="no supported attention found"):
         apply_nonlinear_query(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+def test_retrofit_refuses_cross_attention_and_changes_nothing():
+    """GPT-2 with cross-attention and BART (encoder_attn): refused before any module is replaced."""
+    from nlq.errors import UserError
+    from nlq.interop.hf import apply_nonlinear_query
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2,
+                                                                n_head=4, add_cross_attention=True))
+    bart = transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32))
+    for model in (gpt2, bart):
+        before = {name: type(m) for name, m in model.named_modules()}
+        with pytest.raises(UserError, match="cross-attention"):
+            apply_nonlinear_query(model)
+        assert {name: type(m) for name, m in model.named_modules()} == before  # nothing half converted
+
+
+def test_retrofit_of_qwen2_warns_that_its_query_biases_are_dropped():
+    from nlq.interop.hf import apply_nonlinear_query
+
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2))
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    with pytest.warns(UserWarning, match="2 trained q_proj biases are not carried over"):
+        apply_nonlinear_query(model)
+    ids = torch.randint(0, 64, (2, 6))
+    model(ids, labels=ids).loss.backward()
 
 
 # ---- light imports -------------------------------------------------------------------------------------------

@@ -14,20 +14,13 @@ import zipfile
 import pytest
 import torch
 
+from conftest import SMALL, train_small
 from nlq.cli import main
-
-SMALL = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
-         "--model.n_head=2", "--train.batch_size=4", "--data.eval_windows=4", "--train.eval_every=2",
-         "--train.warmup_steps=1"]
-
 
 @pytest.fixture(scope="module")
 def run_dir(byte_data, tmp_path_factory):
     """A finished 4-step run with checkpoints at steps 2 and 4."""
-    out = tmp_path_factory.mktemp("reliability") / "run"
-    main(["train", "--data", str(byte_data), "--out", str(out), "--preset", "nano", *SMALL, "--train.max_steps=4",
-          "--train.checkpoint_every=2"])
-    return out
+    return train_small(byte_data, tmp_path_factory.mktemp("reliability") / "run")
 
 
 def one_line_error(capsys, argv, needle):
@@ -88,7 +81,155 @@ BAD_INPUTS = [
      "not an nlq export"),
     ("resume a run that is not there, with a config lacking data", lambda d, r, t: ["train", "--out", t / "new",
                                                                                     "--resume"], "no data directory"),
+    # imports of malformed paper checkpoints (nanoGPT format)
+    ("paper model_args a list", lambda d, r, t: ["import-checkpoint", paper_file(t, args=[1, 2]), "--out", t / "x"],
+     "model_args is a list"),
+    ("paper model_args without n_embd", lambda d, r, t: ["import-checkpoint", paper_file(t, drop_arg="n_embd"), "--out",
+                                                         t / "x"], "lacks n_embd"),
+    ("paper weights without wte", lambda d, r, t: ["import-checkpoint", paper_file(t, drop_weight="wte.weight"), "--out",
+                                                   t / "x"], "not a checkpoint of the paper's model"),
+    ("paper weights that are not tensors", lambda d, r, t: ["import-checkpoint", paper_file(t, weight_value=[1.0]),
+                                                            "--out", t / "x"], "not a mapping of names to tensors"),
+    ("paper weights of the wrong shape", lambda d, r, t: ["import-checkpoint", paper_file(t, weight_value=torch.zeros(3)),
+                                                          "--out", t / "x"], "do not fit"),
+    ("paper zero heads", lambda d, r, t: ["import-checkpoint", paper_file(t, arg=("num_heads", 0)), "--out", t / "x"],
+     "model.n_head=0"),
+    ("paper sizes as words", lambda d, r, t: ["import-checkpoint", paper_file(t, arg=("n_embd", "big")), "--out",
+                                              t / "x"], "model.n_embd='big' is not a valid int"),
+    ("paper checkpoint of ten million layers", lambda d, r, t: ["import-checkpoint",
+                                                                paper_file(t, arg=("n_layer", 10_000_000)), "--out",
+                                                                t / "x"], "not loaded"),
+    ("paper checkpoint with a huge vocabulary as init_from", lambda d, r, t: [
+        "train", "--data", d, "--out", t / "x", f"--train.init_from={paper_file(t, arg=('vocab_size', 10**11))}"],
+     "not loaded"),
+    # imports of malformed Hugging Face GPT-2 directories
+    ("HF config.json not JSON", lambda d, r, t: ["import-checkpoint", hf_dir(t, config="{oops"), "--out", t / "x"],
+     "is not JSON"),
+    ("HF config without n_embd", lambda d, r, t: ["import-checkpoint", hf_dir(t, drop="n_embd"), "--out", t / "x"],
+     "not a usable GPT-2 checkpoint"),
+    ("HF weights missing", lambda d, r, t: ["import-checkpoint", hf_dir(t, weights=None), "--out", t / "x"],
+     "holds no model.safetensors"),
+    ("HF weights truncated", lambda d, r, t: ["import-checkpoint", hf_dir(t, weights=b"\x10\x00\x00"), "--out", t / "x"],
+     "truncated or corrupt"),
+    # a tampered model.safetensors
+    ("model.safetensors config null", lambda d, r, t: ["eval", tampered_model(r, t, nlq_config="null")],
+     "not an nlq model file"),
+    ("model.safetensors config a list", lambda d, r, t: ["eval", tampered_model(r, t, nlq_config="[1]")],
+     "not an nlq model file"),
+    ("model.safetensors step a word", lambda d, r, t: ["eval", tampered_model(r, t, step="four")],
+     "not an nlq model file"),
+    ("model.safetensors of a huge model", lambda d, r, t: ["eval", tampered_model(r, t, n_layer=10**9)], "not loaded"),
+    # a run's copy of its data's meta
+    ("data_meta.json not JSON", lambda d, r, t: ["sample", run_with_meta(r, t, "{oops"), "--prompt", "a"],
+     "truncated or not JSON"),
+    ("data_meta.json without a tokenizer", lambda d, r, t: ["sample", run_with_meta(r, t, "{}"), "--prompt", "a"],
+     "names no tokenizer"),
+    ("data_meta.json a list", lambda d, r, t: ["eval", run_with_meta(r, t, "[]"), "--text", touch(t / "a.txt")],
+     "does not hold a JSON object"),
+    # config values that are nonsense, or hang
+    ("a binary config file", lambda d, r, t: ["info", "nano", "--config", binary_file(t / "c.yaml")], "is not text"),
+    ("a YAML alias bomb as a value", lambda d, r, t: ["info", "nano", "--config", yaml_file(t, ALIAS_BOMB)],
+     "train.lr=[["),
+    ("steps beyond any counter (flag)", lambda d, r, t: ["info", "nano", "--train.max_steps=99999999999999999999999"],
+     "out of range"),
+    ("steps beyond any counter (YAML)", lambda d, r, t: ["info", "nano", "--config",
+                                                         yaml_file(t, "train:\n  max_steps: 99999999999999999999999\n")],
+     "out of range"),
+    ("steps beyond any counter (TOML)", lambda d, r, t: ["info", "nano", "--config",
+                                                         toml_file(t, "[train]\nmax_steps = 9223372036854775807\n"
+                                                                      "warmup_steps = 99999999999999999999")],
+     "out of range"),
+    ("a huge query rank", lambda d, r, t: ["train", "--data", d, "--out", t / "x", "--preset", "nano",
+                                           "--model.query=nonlinear", "--model.query_rank=1e9"], "GiB"),
+    ("a BPE larger than any corpus", lambda d, r, t: ["prepare", "--source", "shakespeare", "--tokenizer", "bpe:100000000",
+                                                      "--out", t / "x"], "from 258 to 1,048,576"),
+    ("masked LM on a synthetic task", lambda d, r, t: ["train", "--out", t / "x", "--preset", "nano", "--data.task=mqar",
+                                                      "--model.causal=false", "--train.objective=mlm",
+                                                      "--model.vocab_size=256"], "use --train.objective=clm"),
+    ("a summary whose val_loss is the word NaN", lambda d, r, t: ["report", study_with(t, summary='{"val_loss": "NaN"}')],
+     "not a number"),
 ]
+
+ALIAS_BOMB = ("train:\n  lr: [&a [1,1,1,1,1,1,1,1,1], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b],"
+              " &d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e,*e,*e,*e],"
+              " &g [*f,*f,*f,*f,*f,*f,*f,*f,*f], &h [*g,*g,*g,*g,*g,*g,*g,*g,*g], &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]]\n")
+
+
+def paper_file(tmp_path, args=None, drop_arg=None, drop_weight=None, weight_value=None, arg=None):
+    """A small checkpoint in the paper's format (tests/test_interop.py builds it), made wrong in one way."""
+    from test_interop import paper_checkpoint
+
+    ckpt = paper_checkpoint("original")
+    if args is not None:
+        ckpt["model_args"] = args
+    if drop_arg:
+        del ckpt["model_args"][drop_arg]
+    if arg:
+        ckpt["model_args"][arg[0]] = arg[1]
+    if drop_weight:
+        del ckpt["model"]["_orig_mod.transformer." + drop_weight]
+    if weight_value is not None:
+        ckpt["model"]["_orig_mod.transformer.h.0.attn.c_proj.weight"] = weight_value
+    path = tmp_path / "paper_ckpt.pt"
+    torch.save(ckpt, path)
+    return path
+
+
+def hf_dir(tmp_path, config=None, drop=None, weights=b"keep"):
+    """A tiny Hugging Face GPT-2 directory, made wrong in one way."""
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.disable_progress_bar()  # the test reads stderr: no bars from building the fixture
+    folder = tmp_path / "hf"
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=50, n_positions=8, n_embd=16, n_layer=1,
+                                                                 n_head=2, bos_token_id=None, eos_token_id=None))
+    model.save_pretrained(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    if drop:
+        del raw[drop]
+    (folder / "config.json").write_text(config if config is not None else json.dumps(raw))
+    if weights is None:
+        (folder / "model.safetensors").unlink()
+    elif weights != b"keep":
+        (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+def tampered_model(run_dir, tmp_path, nlq_config=None, step=None, n_layer=None):
+    """A copy of a run's model.safetensors with its metadata changed (weights and checksum kept)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    source = run_dir / "model.safetensors"
+    with safe_open(str(source), framework="pt") as f:
+        metadata = dict(f.metadata())
+    if nlq_config is not None:
+        metadata["nlq_config"] = nlq_config
+    if step is not None:
+        metadata["step"] = step
+    if n_layer is not None:
+        config = json.loads(metadata["nlq_config"])
+        config["model"]["n_layer"] = n_layer
+        metadata["nlq_config"] = json.dumps(config)
+    path = tmp_path / "model.safetensors"
+    save_file(load_file(str(source)), str(path), metadata=metadata)
+    return path
+
+
+def run_with_meta(run_dir, tmp_path, text):
+    run = copy_run(run_dir, tmp_path)
+    (run / "data_meta.json").write_text(text)
+    return run
+
+
+def binary_file(path):
+    path.write_bytes(bytes(range(256)) * 4)
+    return path
+
+
+def toml_file(tmp_path, text):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
 
 
 def yaml_file(tmp_path, text):

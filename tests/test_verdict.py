@@ -117,3 +117,19 @@ def test_power_of_the_paired_t_test_matches_a_simulation():
     means, sds = d.mean(1) - 0.037, d.std(1, ddof=1)
     half = scipy_stats.t.ppf(0.95, 13) * sds / np.sqrt(14)
     assert stats.power_equivalence(0.0, 0.045, 14, 0.037) == pytest.approx(np.mean(np.abs(means) + half < 0.037), abs=0.01)
+
+
+def test_the_gpu_command_line_dry_runs_on_a_cpu(byte_data, tmp_path, capsys):
+    """What scripts/verdict_gpu.sh starts per shard, as a dry run: each shard's runs on cuda, the totals; no training,
+    nothing written. Every chain lands on exactly one of the 14 shards."""
+    from nlq.cli import main
+
+    names = []
+    for k in range(1, 15):
+        main(["study", "verdict", "--out", str(tmp_path / "v"), "--data", str(byte_data), "--shard", f"{k}/14",
+              "--train.device=cuda", "--train.dtype=float32", "--dry-run"])
+        out = capsys.readouterr().out
+        assert f"shard {k}/14" in out and "device cuda" in out and "device cpu" not in out
+        names += [line.split(":")[0].strip() for line in out.splitlines() if "tpp300" in line]
+    assert len(names) == len(set(names)) == 14 * 3  # linear, nonlinear and identity at 300 tokens/param, each once
+    assert not (tmp_path / "v").exists()

@@ -60,7 +60,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from pathlib import Path
 
     from nlq.config import update
-    from nlq.overrides import apply_overrides, layered, load_config
+    from nlq.overrides import layered, load_config, parse_overrides
     from nlq.training.trainer import train
 
     saved = Path(args.out) / "config.json"
@@ -72,7 +72,10 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
         from nlq.interop.load import SHAPE_FIELDS, source_weights
 
         fields = source_weights(config.train.init_from)[0]  # the source's shape; explicit overrides still win
-        config = apply_overrides(update(config, {"model": {k: fields[k] for k in SHAPE_FIELDS if k in fields}}), overrides)
+        raw = {"model": {k: fields[k] for k in SHAPE_FIELDS if k in fields}}
+        for section, values in parse_overrides(overrides).items():  # in one update: checked together
+            raw.setdefault(section, {}).update(values)
+        config = update(config, raw)
     if args.data:
         config = update(config, {"data": {"dir": str(Path(args.data).resolve())}})
     train(config, args.out, resume=args.resume)

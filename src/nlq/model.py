@@ -211,18 +211,24 @@ class Transformer(nn.Module):
         targets: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         ignore_index: int = -100,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids; targets (B, T) or None; padding_mask (B, T) bool, True at real tokens.
+        """idx (B, T) token ids; targets (B, T) or None; padding_mask (B, T) bool, True at real tokens;
+        positions (B, T) each token's position (left padding shifts them), default 0 .. T - 1.
         Returns logits (B, T, V) and the mean cross-entropy over targets != ignore_index (or None)."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than model.block_size={self.cfg.block_size}")
         x = self.tok_emb(idx)  # (B, T, C)
         rotary = None
+        if positions is None:
+            positions = torch.arange(T, device=idx.device)  # (T,), the same for every row
         if self.cfg.position == "learned":
-            x = x + self.pos_emb(torch.arange(T, device=idx.device))
-        else:
-            rotary = (self.rope_cos[:T], self.rope_sin[:T])  # (T, hs / 2) each
+            x = x + self.pos_emb(positions)
+        elif positions.dim() == 1:
+            rotary = (self.rope_cos[positions], self.rope_sin[positions])  # (T, hs / 2) each
+        else:  # per row: (B, 1, T, hs / 2), broadcast over heads
+            rotary = (self.rope_cos[positions][:, None], self.rope_sin[positions][:, None])
         x = self.drop(x)
         attn_mask = self._attention_mask(padding_mask, T)
         for block in self.blocks:

@@ -77,6 +77,7 @@ def check_export_target(out: Path, source: str | Path, overwrite: bool) -> None:
 
 
 def _write_gpt2(model, cfg, out: Path) -> str:
+    import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
     hf_config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
@@ -88,6 +89,7 @@ def _write_gpt2(model, cfg, out: Path) -> str:
     missing, unexpected = hf_model.load_state_dict(gpt2_state(model.state_dict(), cfg), strict=False)
     if unexpected or any(not k.endswith("attn.bias") and not k.endswith("masked_bias") for k in missing):
         raise RuntimeError(f"GPT-2 conversion mismatch: missing {missing}, unexpected {unexpected}")
+    transformers.utils.logging.disable_progress_bar()  # a one-file model needs no "Writing model shards" bar
     hf_model.save_pretrained(out, safe_serialization=True)
     return "GPT2LMHeadModel (plain transformers, no custom code)"
 

@@ -162,7 +162,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     study_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
     done_dirs, started, recorded = [], time.perf_counter(), []
-    for stage in study.run_stages(study_dir):
+    for number, stage in enumerate(study.run_stages(study_dir), start=1):
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
         recorded += [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
                      for r, c in zip(stage, configs)]
@@ -173,6 +173,10 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         if shard is None:
             done_dirs += _run_stage(stage, configs, study_dir, log)
             continue
+        groups = len(dict.fromkeys(r.chain for r in stage))
+        if shard[1] > groups and number == 1:  # more shards than the first stage's work is a typo
+            raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
+                            f"runs, so at most {groups} shards can share it; use N <= {groups}")
         mine = shard_indices(stage, *shard)
         done_dirs += _run_stage([stage[i] for i in mine], [configs[i] for i in mine], study_dir, log)
         _wait_for_others(stage, configs, study_dir, shard, log)
@@ -225,9 +229,12 @@ def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None =
             break
         mine = shard_indices(stage, *shard) if shard else range(len(stage))
         lines.append(f"stage {number}: {len(mine)} of {len(stage)} runs")
+        planned: dict[str, int] = {}  # run name -> the step an earlier segment of it will have reached
         for i in mine:
             config = stage[i].config(overrides, data)
             steps = _steps_to_train(study_dir / "runs" / stage[i].name, config)
+            steps = max(0, min(steps, config.train.max_steps - planned.get(stage[i].name, 0)))
+            planned[stage[i].name] = config.train.max_steps
             tokens = steps * (config.train.batch_tokens or config.train.batch_size * config.model.block_size)
             total_runs, total_tokens = total_runs + 1, total_tokens + tokens
             lines.append(f"  {stage[i].name}: device {config.train.device}, {config.train.max_steps:,} steps at lr "

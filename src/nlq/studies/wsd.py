@@ -5,6 +5,9 @@ straight run of the same budget bitwise."""
 
 from __future__ import annotations
 
+import functools
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -16,8 +19,13 @@ from nlq.training.schedule import cooldown_start
 
 
 def non_embedding_parameters(config: RunConfig) -> int:
+    return _non_embedding_parameters(json.dumps(asdict(config.model), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _non_embedding_parameters(model: str) -> int:  # keyed by the model config as JSON: studies ask the same often
     with torch.device("meta"):
-        return Transformer(config.model).num_parameters()
+        return Transformer(RunConfig.from_dict({"model": json.loads(model)}).model).num_parameters()
 
 
 def budget_steps(config: RunConfig, shape: dict, tpp: float) -> int:

@@ -109,12 +109,12 @@ class TaskInputs:
         cfg = config.data
         self.config = config
         self.task = Task(cfg.task, cfg.task_vocab, cfg.task_pairs, config.model.block_size, cfg.eval_seed)
-        if self.task.vocab_size > config.model.vocab_size:
-            raise UserError(f"task {self.task.name} uses {self.task.vocab_size} token ids, more than "
-                            f"model.vocab_size={config.model.vocab_size}; set --model.vocab_size={self.task.vocab_size}")
         if config.train.objective != "clm":
             raise UserError(f"data.task={cfg.task} trains next-token prediction on its answers; use "
                             f"--train.objective=clm (and a causal model)")
+        if self.task.vocab_size > config.model.vocab_size:
+            raise UserError(f"task {self.task.name} uses {self.task.vocab_size} token ids, more than "
+                            f"model.vocab_size={config.model.vocab_size}; set --model.vocab_size={self.task.vocab_size}")
 
     def plan(self, global_rows: int, seed: int):
         from nlq.data.tasks import TaskPlan

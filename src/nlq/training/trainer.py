@@ -116,6 +116,10 @@ class Trainer:
     def _existing_checkpoint(self, resume: bool) -> dict | None:
         """The state to start from: this run's latest checkpoint on --resume, else train.resume_from (a
         checkpoint of another run: a branch, e.g. a WSD cooldown from a stable run), else None."""
+        others = [p for p in self.run_dir.iterdir() if p.name != "requested_config.json"] if self.run_dir.is_dir() else []
+        if others and not (self.run_dir / "config.json").is_file():  # (a study writes requested_config.json first)
+            raise UserError(f"{self.run_dir} holds files but no run (no config.json): it is another kind of folder, "
+                            f"which nlq train does not write into; choose a new or empty --out")
         latest = ckpt.latest_checkpoint(self.run_dir)
         if not resume and (latest is not None or read_metrics(self.run_dir / "metrics.jsonl")):  # an empty start is no run
             raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")

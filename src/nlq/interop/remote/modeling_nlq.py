@@ -54,17 +54,31 @@ class NlqPreTrainedModel(PreTrainedModel):
         return self.model.lm_head
 
 
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions of the real tokens of left-padded rows, counted from each row's first real token (pads 0),
+    as GPT-2 in transformers does: a row reads the same alone as inside a padded batch."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 class NlqForCausalLM(NlqPreTrainedModel, GenerationMixin):
-    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, **kwargs):
         padding = attention_mask.bool() if attention_mask is not None and not attention_mask.all() else None
-        logits, _ = self.model(input_ids, padding_mask=padding)
+        if position_ids is None and padding is not None:
+            position_ids = positions_from_mask(attention_mask)
+        logits, _ = self.model(input_ids, padding_mask=padding, positions=position_ids)
         loss = None
         if labels is not None:  # the usual shift: position t predicts token t + 1
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-        return {"input_ids": input_ids[:, -self.config.max_position_embeddings:], "attention_mask": None}
+        """No cache: the whole (cropped) sequence each step, with its padding mask and the positions it implies."""
+        window = self.config.max_position_embeddings
+        inputs = {"input_ids": input_ids[:, -window:], "attention_mask": None, "position_ids": None}
+        if attention_mask is not None:
+            mask = attention_mask[:, -window:]
+            inputs |= {"attention_mask": mask, "position_ids": positions_from_mask(mask)}
+        return inputs
 
 
 class NlqForMaskedLM(NlqPreTrainedModel):
