@@ -1,15 +1,17 @@
 """`nlq`: one command with subcommands. Every config field is overridable as --section.field=value.
 
 A user mistake (bad flag, value, path, file) exits with status 2 and a one-line message, never a traceback.
+Each command imports what it needs when it runs (torch and the rest are heavy), so `nlq --help` starts at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
-from nlq.errors import UserError
+from nlq.errors import PeerFailure, TrainingError, UserError
 
 
 # packages of the optional extras (pyproject.toml) -> the extra that installs them
@@ -123,7 +125,6 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
 
     if overrides:
         raise UserError(f"nlq sample takes no config overrides (got {' '.join(overrides)})")
-    import math
 
     if args.max_new_tokens < 1 or (args.top_k is not None and args.top_k < 1):
         raise UserError("--max-new-tokens and --top-k must be >= 1")
@@ -344,8 +345,6 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
     except UserError as e:
-        from nlq.errors import PeerFailure, TrainingError
-
         print(f"nlq {args.command}: error: {e}", file=sys.stderr)
         if isinstance(e, PeerFailure):  # a broken process group can hang a normal exit (PeerFailure's docstring)
             sys.stdout.flush()

@@ -13,6 +13,7 @@ import numpy as np
 from nlq.config import RunConfig, TrainConfig
 from nlq.data.batches import BatchPlan
 from nlq.data.shards import TokenData, load_data
+from nlq.data.tasks import Task, TaskEvalSet, TaskPlan
 from nlq.errors import UserError
 from nlq.runs.rundir import copy_data_files, tokenizer_files
 from nlq.training.evaluate import bits_per_byte, check_vocab, make_eval_set, make_full_eval_set
@@ -104,8 +105,6 @@ class TaskInputs:
     scores_answers = True  # loss and accuracy count the answer positions only
 
     def __init__(self, config: RunConfig):
-        from nlq.data.tasks import Task
-
         cfg = config.data
         self.config = config
         self.task = Task(cfg.task, cfg.task_vocab, cfg.task_pairs, config.model.block_size, cfg.eval_seed)
@@ -117,13 +116,9 @@ class TaskInputs:
                             f"model.vocab_size={config.model.vocab_size}; set --model.vocab_size={self.task.vocab_size}")
 
     def plan(self, global_rows: int, seed: int):
-        from nlq.data.tasks import TaskPlan
-
         return TaskPlan(self.task, global_rows, seed)
 
     def eval_set(self):
-        from nlq.data.tasks import TaskEvalSet
-
         return TaskEvalSet(self.task, np.arange(self.config.data.eval_windows), self.config.data.eval_seed)
 
     def full_eval_set(self):

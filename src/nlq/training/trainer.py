@@ -21,6 +21,7 @@ from nlq.config import RunConfig, TrainConfig
 from nlq.data.batches import IGNORE
 from nlq.errors import PeerFailure, TrainingError, UserError
 from nlq.fileio import remove_stale
+from nlq.interop.load import load_initial_weights
 from nlq.lock import directory_lock
 from nlq.model import Transformer
 from nlq.runs import checkpoint as ckpt
@@ -93,8 +94,6 @@ class Trainer:
         self.model = Transformer(cfg.model, seed=tcfg.seed)  # the bare model: checkpoints are taken from it
         self.fresh, self.train_acc = None, None
         if tcfg.init_from and not self.payload:  # weights trained elsewhere, a fresh optimizer at step 0
-            from nlq.interop.load import load_initial_weights
-
             self.fresh = load_initial_weights(self.model, tcfg.init_from)
         self.model = self.model.to(env.device)
         self.train_model = distributed.wrap(self.model, env, cfg.dist.strategy)
