@@ -14,10 +14,32 @@ from pathlib import Path
 def thin(source: Path, every: int) -> str:
     keep = []
     for line in source.read_text().splitlines():
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # the last line of a run that is writing it
+            continue
         if any(k.startswith("val_") for k in row) or row.get("step", 0) % every == 0:
             keep.append(line)
     return "\n".join(keep) + "\n"
+
+
+def collect(study_dir: Path, out: Path, every: int = 100) -> int:
+    """Copy the study's small files and its finished runs into out; return how many runs were copied."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in study_dir.iterdir():
+        if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith("."):
+            shutil.copy2(path, out / path.name)
+    copied = 0
+    for run in sorted((study_dir / "runs").iterdir()):
+        if not (run / "summary.json").is_file():
+            continue
+        target = out / "runs" / run.name
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "summary.json"):
+            shutil.copy2(run / name, target / name)
+        (target / "metrics.jsonl").write_text(thin(run / "metrics.jsonl", every))
+        copied += 1
+    return copied
 
 
 def main() -> None:
@@ -26,20 +48,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--every", type=int, default=100)
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    for path in args.study_dir.iterdir():
-        if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith("."):
-            shutil.copy2(path, args.out / path.name)
-    copied = 0
-    for run in sorted((args.study_dir / "runs").iterdir()):
-        if not (run / "summary.json").is_file():
-            continue
-        target = args.out / "runs" / run.name
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "summary.json"):
-            shutil.copy2(run / name, target / name)
-        (target / "metrics.jsonl").write_text(thin(run / "metrics.jsonl", args.every))
-        copied += 1
+    copied = collect(args.study_dir, args.out, args.every)
     print(f"{copied} finished runs of {args.study_dir} -> {args.out}")
 
 

@@ -2,6 +2,10 @@
 verdict, the Holm-adjusted readings, and that a metrics.jsonl whose last line was cut short breaks none of them."""
 
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +95,8 @@ def test_verdict_report_shows_no_endpoint_before_every_registered_pair_is_in(tmp
     markdown = build_report(tmp_path)
     assert "5 of 6 pre-registered pairs have finished" in markdown
     assert "Verdict" not in markdown and "-0.05" not in markdown
+    outcome = json.loads((tmp_path / "verdict.json").read_text())
+    assert outcome == {"registered_pairs": 6, "finished_pairs": {"nonlinear": 5, "identity": 5}}
 
 
 def test_verdict_report_prints_the_test_and_the_verdict_in_the_rules_words(tmp_path):
@@ -100,6 +106,8 @@ def test_verdict_report_prints_the_test_and_the_verdict_in_the_rules_words(tmp_p
     assert "mean Δ -0.0500 nats" in markdown
     assert "Holm-adjusted over the 3 comparisons" in markdown  # nonlinear at 100, identity at 100 and 300
     assert (tmp_path / "verdict_deltas.png").stat().st_size > 0
+    decision = json.loads((tmp_path / "verdict.json").read_text())["decision"]
+    assert decision["verdict"] == "better" and decision["interval"]["mean"] == pytest.approx(-0.05)
 
 
 def test_a_summary_with_a_number_that_is_no_number_is_a_one_line_error(tmp_path):
@@ -109,3 +117,34 @@ def test_a_summary_with_a_number_that_is_no_number_is_a_one_line_error(tmp_path)
                            "variants": [{"name": "linear"}, {"name": "nonlinear"}]}, runs)
     with pytest.raises(UserError, match="val_loss is 'NaN', not a number"):
         build_report(tmp_path)
+
+
+def test_publish_verdict_writes_only_the_marked_blocks_and_no_number_before_every_pair_is_in(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    docs = {"README.md": "# x\n<!-- verdict-status -->old<!-- /verdict-status -->\nkept\n",
+            "RESULTS.md": "# R\n<!-- verdict-status -->old<!-- /verdict-status -->\nkept\n"
+                          "## The verdict\n<!-- verdict-report -->old<!-- /verdict-report -->\nkept too\n"}
+    for name, text in docs.items():
+        (tmp_path / name).write_text(text)
+
+    def publish(pairs):
+        study = tmp_path / f"study{pairs}"
+        verdict_study(study, pairs=pairs)
+        for run in (study / "runs").iterdir():
+            (run / "config.json").write_text("{}")
+        subprocess.run([sys.executable, str(root / "scripts" / "publish_verdict.py"), str(study), "--results",
+                        str(tmp_path / f"results{pairs}"), "--readme", str(tmp_path / "README.md"),
+                        "--results-md", str(tmp_path / "RESULTS.md")], check=True, capture_output=True)
+        return (tmp_path / "README.md").read_text(), (tmp_path / "RESULTS.md").read_text()
+
+    readme, results = publish(5)
+    assert "5 of 6 pairs finished" in readme and "Verdict" not in readme + results and "-0.05" not in readme + results
+    assert "#### The pre-registered test" in results and "5 of 6 pre-registered pairs have finished" in results
+    assert len(list((tmp_path / "results5" / "runs").iterdir())) == 30  # the metrics' cut last line is skipped
+
+    readme, results = publish(6)
+    assert "**Verdict (" in readme and "nonlinear better" in readme and "-0.0500 nats" in readme
+    assert results.startswith("# R\n<!-- verdict-status -->**Verdict (") and "| 6 | " in results
+    for text, original in ((readme, docs["README.md"]), (results, docs["RESULTS.md"])):
+        outside = re.sub(r"<!-- (verdict-\w+) -->.*?<!-- /\1 -->", "", text, flags=re.DOTALL)
+        assert outside == re.sub(r"<!-- (verdict-\w+) -->.*?<!-- /\1 -->", "", original, flags=re.DOTALL)

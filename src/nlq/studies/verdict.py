@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nlq.fileio import atomic_write
+from nlq.fileio import atomic_write, write_json
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.scaling import base as scaling_base
 from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed
@@ -81,7 +81,8 @@ def planned_tokens(settings: dict = SETTINGS) -> int:
 def build_verdict_report(study_dir: Path, study: dict) -> str:
     """report.md: the pre-registered test and its outcome in the words of the decision rule (only once every
     registered pair has finished), then the declared secondary comparisons, Holm-adjusted as one family;
-    results.csv; verdict_deltas.png (per-seed Δ, mean and interval, the equivalence margins)."""
+    results.csv; verdict_deltas.png (per-seed Δ, mean and interval, the equivalence margins); verdict.json (the
+    finished pairs of each arm and, once all are in, the decision: interval, equivalence test, verdict)."""
     s = study["settings"]
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
     loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs}
@@ -101,13 +102,21 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
              f"above 0: nonlinear worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
              f"inconclusive.", ""]
     pairs = _pairs(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
+    outcome = {"registered_pairs": len(seeds),
+               "finished_pairs": {v: len(_pairs(loss, baseline, v, seeds, primary_tpp, s["endpoint"]))
+                                  for v in [method, *s["secondary"]]}}
     if len(pairs) < len(seeds):
         lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it shows.", ""]
         markdown = "\n".join(lines)
+        write_json(study_dir / "verdict.json", outcome)
         atomic_write(study_dir / "report.md", markdown)
         return markdown
-    lines += _primary_section(pairs, loss, s, baseline, method)
+    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"])
+    outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
+                "tokens_per_parameter": primary_tpp, "margin": s["margin"],
+                "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
+    lines += _primary_section(pairs, decision, loss, s, baseline, method)
     lines += _secondary_section(loss, s, baseline, method)
     lines += ["", "Plot: `verdict_deltas.png` (each seed's Δ, the mean with its 95% interval, the equivalence "
               "margins).", ""]
@@ -115,6 +124,7 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
     write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss", "full_val_loss"])
     markdown = "\n".join(lines)
+    write_json(study_dir / "verdict.json", outcome)
     atomic_write(study_dir / "report.md", markdown)
     return markdown
 
@@ -125,9 +135,7 @@ def _pairs(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: float
             if (baseline, seed, tpp) in loss and (variant, seed, tpp) in loss]
 
 
-def _primary_section(pairs: list[tuple], loss: dict, s: dict, baseline: str, method: str) -> list[str]:
-    deltas = [v - b for _, b, v in pairs]
-    decision = decide(deltas, s["margin"], s["confidence"], s["alpha"])
+def _primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str) -> list[str]:
     interval, tost = decision["interval"], decision["tost"]
     base_mean, base_sd = mean_std([b for _, b, _ in pairs])
     lines = [f"**Verdict: {decision['words']}.**", "",
