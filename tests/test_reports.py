@@ -148,3 +148,30 @@ def test_publish_verdict_writes_only_the_marked_blocks_and_no_number_before_ever
     for text, original in ((readme, docs["README.md"]), (results, docs["RESULTS.md"])):
         outside = re.sub(r"<!-- (verdict-\w+) -->.*?<!-- /\1 -->", "", text, flags=re.DOTALL)
         assert outside == re.sub(r"<!-- (verdict-\w+) -->.*?<!-- /\1 -->", "", original, flags=re.DOTALL)
+
+
+def test_holm_from_printed_tables_recovers_the_p_values_of_the_intervals(tmp_path):
+    """scripts/holm_from_tables.py: p values recomputed from a table's printed mean and interval match the ones
+    computed from the data (to the 4-decimal rounding), the adjustment is Holm's, and a table in a later
+    section is not read."""
+    from nlq.studies.stats import holm, paired_difference
+
+    rows = {"a": [0.01, 0.03, 0.02], "b": [0.10, 0.20, 0.15], "c": [-0.2, 0.1, 0.05]}
+    tests = {name: paired_difference(d, [0.0] * 3) for name, d in rows.items()}
+    table = "\n".join(f"| {name} | 3 | {t['mean']:+.4f} | [{t['low']:+.4f}, {t['high']:+.4f}] | worse |"
+                      for name, t in tests.items())
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"## study x\n\n| variant | pairs | mean | interval | verdict |\n|---|---|---|---|---|\n{table}\n\n"
+                   "## other\n| z | 3 | +1.0000 | [+0.5000, +1.5000] | worse |\n")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "holm_from_tables.py"
+    out = subprocess.run([sys.executable, str(script), str(doc), "study x"], check=True, capture_output=True,
+                         text=True).stdout
+    printed = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("| ") and
+               line.split("|")[1].strip() in rows}
+    assert set(printed) == set(rows) and "| z |" not in out
+    adjusted = dict(zip(rows, holm([t["p"] for t in tests.values()])))
+    for name, t in tests.items():
+        assert float(printed[name][5]) == pytest.approx(t["p"], rel=0.02)
+        assert float(printed[name][6]) == pytest.approx(adjusted[name], rel=0.02)
+    missing = subprocess.run([sys.executable, str(script), str(doc), "nowhere"], capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: no line of") and not missing.stdout
