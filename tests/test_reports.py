@@ -104,7 +104,7 @@ def test_verdict_report_prints_the_test_and_the_verdict_in_the_rules_words(tmp_p
     markdown = build_report(tmp_path)
     assert "**Verdict: nonlinear better" in markdown and "equivalence test: p =" in markdown
     assert "mean Δ -0.0500 nats" in markdown
-    assert "Holm-adjusted over the 3 comparisons" in markdown  # nonlinear at 100, identity at 100 and 300
+    assert "Holm-adjusted over the 3 declared comparisons as one family." in markdown  # nonlinear at 100, identity at 100 and 300
     assert (tmp_path / "verdict_deltas.png").stat().st_size > 0
     decision = json.loads((tmp_path / "verdict.json").read_text())["decision"]
     assert decision["verdict"] == "better" and decision["interval"]["mean"] == pytest.approx(-0.05)
@@ -175,3 +175,18 @@ def test_holm_from_printed_tables_recovers_the_p_values_of_the_intervals(tmp_pat
         assert float(printed[name][6]) == pytest.approx(adjusted[name], rel=0.02)
     missing = subprocess.run([sys.executable, str(script), str(doc), "nowhere"], capture_output=True, text=True)
     assert missing.returncode == 1 and missing.stderr.startswith("error: no line of") and not missing.stdout
+
+
+def test_verdict_secondary_family_counts_unfinished_comparisons_as_p_1(tmp_path):
+    """Before the identity arm is in, nonlinear at 100 tokens/param is adjusted as one of the 3 declared
+    comparisons (the two identity ones at p = 1), not as a family of one."""
+    from nlq.studies.stats import paired_difference
+
+    verdict_study(tmp_path, pairs=6, identity=False)
+    markdown = build_report(tmp_path)
+    row = next(line for line in markdown.splitlines() if line.startswith("| nonlinear | 100 |"))
+    deltas = [-0.050, -0.045, -0.055, -0.048, -0.052, -0.050]
+    p = paired_difference(deltas, [0.0] * 6)["p"]
+    assert row.split("|")[6].strip() == f"{p:.3g}" and row.split("|")[7].strip() == f"{min(1.0, 3 * p):.3g}"
+    assert "the 2 whose pairs are not all in yet count with p = 1" in markdown
+    assert "| identity |" not in markdown
