@@ -50,8 +50,8 @@ def status_text(outcome: dict, when: str, where: str, results: str) -> str:
     text = (f"**Verdict ({when}, `nlq study verdict` as pre-registered, {registered} pairs, {where}): {d['words']}.** "
             f"Δ = {outcome['endpoint']}({outcome['variant']}) - {outcome['endpoint']}({outcome['baseline']}) at "
             f"{outcome['tokens_per_parameter']:g} tokens per parameter: {i['mean']:+.4f} nats, 95% interval "
-            f"{interval_text(i)} ({-i['mean'] / outcome['baseline_mean']:+.2%} relative to {outcome['baseline']}'s "
-            f"{outcome['baseline_mean']:.4f}); equivalence test at ±{outcome['margin']:g}: p = {tost['p_lower']:.3g} "
+            f"{interval_text(i)} ({i['mean'] / outcome['baseline_mean']:+.2%} of {outcome['baseline']}'s "
+            f"{outcome['baseline_mean']:.4f} nats; the paper: -1.24% to -2.40%); equivalence test at ±{outcome['margin']:g}: p = {tost['p_lower']:.3g} "
             f"and {tost['p_upper']:.3g}. `nlq report {results}` regenerates it.")
     pending = [f"{arm} {finished[arm]} of {registered}" for arm in secondary if finished[arm] < registered]
     if pending:
