@@ -12,6 +12,7 @@ docs/RESULTS.md) and <!-- verdict-report --> / <!-- /verdict-report --> (docs/RE
 import argparse
 import datetime
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -51,8 +52,9 @@ def status_text(outcome: dict, when: str, where: str, results: str) -> str:
             f"Δ = {outcome['endpoint']}({outcome['variant']}) - {outcome['endpoint']}({outcome['baseline']}) at "
             f"{outcome['tokens_per_parameter']:g} tokens per parameter: {i['mean']:+.4f} nats, 95% interval "
             f"{interval_text(i)} ({i['mean'] / outcome['baseline_mean']:+.2%} of {outcome['baseline']}'s "
-            f"{outcome['baseline_mean']:.4f} nats; the paper: -1.24% to -2.40%); equivalence test at ±{outcome['margin']:g}: p = {tost['p_lower']:.3g} "
-            f"and {tost['p_upper']:.3g}. `nlq report {results}` regenerates it.")
+            f"{outcome['baseline_mean']:.4f} nats; the paper: -1.24% to -2.40%); equivalence within ±{outcome['margin']:g} "
+            f"{'shown' if tost['equivalent'] else 'not shown'} (two one-sided tests, p = {tost['p']:.3g}). "
+            f"`nlq report {results}` regenerates it.")
     pending = [f"{arm} {finished[arm]} of {registered}" for arm in secondary if finished[arm] < registered]
     if pending:
         text += f" Secondary arms still running ({', '.join(pending)} pairs); they do not change the verdict."
@@ -79,8 +81,11 @@ def main() -> None:
     readme = args.readme.read_text()
     atomic_write(args.readme, replace_block(readme, "verdict-status", status, args.readme))
     text = replace_block(args.results_md.read_text(), "verdict-status", status, args.results_md)
-    atomic_write(args.results_md, replace_block(text, "verdict-report", "\n" + demote(report).strip() + "\n",
-                                                args.results_md))
+    body = demote(report).strip()
+    plot = args.results / "verdict_deltas.png"
+    if "decision" in outcome and plot.is_file():
+        body += f"\n\n![per-seed Δ with the mean and its interval]({os.path.relpath(plot, args.results_md.parent)})"
+    atomic_write(args.results_md, replace_block(text, "verdict-report", "\n" + body + "\n", args.results_md))
     print(f"{copied} finished runs -> {args.results}; {args.readme} and {args.results_md}: {status}")
 
 

@@ -145,6 +145,7 @@ def test_publish_verdict_writes_only_the_marked_blocks_and_no_number_before_ever
     readme, results = publish(6)
     assert "**Verdict (" in readme and "nonlinear better" in readme and "-0.0500 nats" in readme
     assert results.startswith("# R\n<!-- verdict-status -->**Verdict (") and "| 6 | " in results
+    assert "equivalence within ±0.037 not shown" in readme and "](results6/verdict_deltas.png)" in results
     for text, original in ((readme, docs["README.md"]), (results, docs["RESULTS.md"])):
         outside = re.sub(r"<!-- (verdict-\w+) -->.*?<!-- /\1 -->", "", text, flags=re.DOTALL)
         assert outside == re.sub(r"<!-- (verdict-\w+) -->.*?<!-- /\1 -->", "", original, flags=re.DOTALL)
