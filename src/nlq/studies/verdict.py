@@ -102,16 +102,13 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
              f"above 0: nonlinear worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
              f"inconclusive.", ""]
     pairs = _pairs(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
-    outcome = {"registered_pairs": len(seeds),
-               "finished_pairs": {v: len(_pairs(loss, baseline, v, seeds, primary_tpp, s["endpoint"]))
-                                  for v in [method, *s["secondary"]]}}
+    finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
+    finished |= {v: len(_pairs(loss, baseline, v, seeds, primary_tpp, s["endpoint"])) for v in s["secondary"]}
+    outcome = {"registered_pairs": len(seeds), "finished_pairs": finished}
     if len(pairs) < len(seeds):
         lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it shows.", ""]
-        markdown = "\n".join(lines)
-        write_json(study_dir / "verdict.json", outcome)
-        atomic_write(study_dir / "report.md", markdown)
-        return markdown
+        return _write(study_dir, lines, outcome)
     decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"])
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": primary_tpp, "margin": s["margin"],
@@ -123,6 +120,10 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
     _plot(study_dir / "verdict_deltas.png", loss, s, baseline)
     write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss", "full_val_loss"])
+    return _write(study_dir, lines, outcome)
+
+
+def _write(study_dir: Path, lines: list[str], outcome: dict) -> str:
     markdown = "\n".join(lines)
     write_json(study_dir / "verdict.json", outcome)
     atomic_write(study_dir / "report.md", markdown)
