@@ -191,3 +191,40 @@ def test_verdict_secondary_family_counts_unfinished_comparisons_as_p_1(tmp_path)
     assert row.split("|")[6].strip() == f"{p:.3g}" and row.split("|")[7].strip() == f"{min(1.0, 3 * p):.3g}"
     assert "the 2 whose pairs are not all in yet count with p = 1" in markdown
     assert "| identity |" not in markdown
+
+
+def test_verdict_explore_agrees_with_the_verdict_report_on_the_committed_runs():
+    """scripts/verdict_explore.py on results/: its end-of-cooldown rows are the pre-registered endpoint of
+    verdict.json, the per-seed growth is Δ300 - Δ100 of the same runs, and its Welch interval is Welch's."""
+    import math
+    import statistics
+
+    from scipy import stats
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "results"
+    if not (results / "verdict" / "verdict.json").is_file():
+        pytest.skip("results/verdict is not committed")
+    decision = json.loads((results / "verdict" / "verdict.json").read_text()).get("decision")
+    if decision is None:
+        pytest.skip("the verdict study has not finished")
+    out = subprocess.run([sys.executable, str(root / "scripts" / "verdict_explore.py"), "--results", str(results)],
+                         check=True, capture_output=True, text=True).stdout
+    i = decision["interval"]
+    end = next(line for line in out.splitlines() if "end of the 300 tokens/param cooldown" in line)
+    assert end.split("|")[5].strip() == f"{i['mean']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
+    assert "| 0 | stable (128 windows) | 14 |" in out  # paired: the same initial loss
+
+    a, b = [1.0, 1.2, 1.1], [1.5, 1.4, 1.6, 1.45]
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        from verdict_explore import welch
+    finally:
+        sys.path.remove(str(root / "scripts"))
+    va, vb = statistics.variance(a) / 3, statistics.variance(b) / 4
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+    half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    w = welch(a, b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    assert w["mean"] == pytest.approx(diff) and w["low"] == pytest.approx(diff - half)
+    assert w["high"] == pytest.approx(diff + half)
