@@ -7,10 +7,15 @@ For each paired sd and number of pairs: the power of the two-sided paired t test
 difference of the margin, and the power of the equivalence test (TOST, alpha 0.05 each side, +-margin) to
 show equivalence when the true difference is 0.
 
-    python scripts/verdict_power.py
+With --study verdict-lr: the same for `nlq study verdict-lr`, planned from the paired sd the verdict itself
+measured at 300 tokens per parameter (results/verdict), with its upper one-sided 80% bound.
+
+    python scripts/verdict_power.py [--study verdict-lr]
 """
 
+import argparse
 import csv
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +25,8 @@ from scipy import stats
 from nlq.studies.stats import power_equivalence, power_paired_t
 from nlq.studies.verdict import SETTINGS
 
-SHARED_LR = Path(__file__).resolve().parent.parent / "results" / "scaling-shared-lr" / "results.csv"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+SHARED_LR = RESULTS / "scaling-shared-lr" / "results.csv"
 
 
 def pooled_paired_sd(path: Path) -> tuple[float, int]:
@@ -40,15 +46,23 @@ def pooled_paired_sd(path: Path) -> tuple[float, int]:
 
 
 def main() -> None:
-    sd, df = pooled_paired_sd(SHARED_LR)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--study", choices=["verdict", "verdict-lr"], default="verdict")
+    args = parser.parse_args()
+    if args.study == "verdict":
+        sd, df = pooled_paired_sd(SHARED_LR)
+        source, pairs, sds = f"pooled paired sd of {SHARED_LR.parent.name}", [10, 12, 14, 16], (0.03, 0.04, 0.045, 0.05)
+    else:
+        interval = json.loads((RESULTS / "verdict" / "verdict.json").read_text())["decision"]["interval"]
+        sd, df = interval["sd"], interval["n"] - 1
+        source, pairs, sds = "paired sd of verdict at 300 tokens/param", [8, 10, 12, 14], (0.02, 0.025, 0.03, 0.04, 0.045)
     upper = sd * math.sqrt(df / stats.chi2.ppf(0.2, df))
-    print(f"pooled paired sd of {SHARED_LR.parent.name}: {sd:.4f} on {df} df; upper one-sided 80% bound {upper:.4f}")
+    print(f"{source}: {sd:.4f} on {df} df; upper one-sided 80% bound {upper:.4f}")
     margin, alpha, confidence = SETTINGS["margin"], SETTINGS["alpha"], SETTINGS["confidence"]
-    pairs = [10, 12, 14, 16]
     print(f"margin {margin} nats; t test {confidence:.0%} two-sided; TOST alpha {alpha} per side")
     print("| paired sd | " + " | ".join(f"{n} pairs: t test / TOST" for n in pairs) + " |")
     print("|---|" + "---|" * len(pairs))
-    for sd in (0.03, 0.04, 0.045, 0.05):
+    for sd in sds:
         cells = [f"{power_paired_t(margin, sd, n, confidence):.0%} / {power_equivalence(0.0, sd, n, margin, alpha):.0%}"
                  for n in pairs]
         print(f"| {sd:g} | " + " | ".join(cells) + " |")

@@ -133,3 +133,91 @@ def test_the_gpu_command_line_dry_runs_on_a_cpu(byte_data, tmp_path, capsys):
         names += [line.split(":")[0].strip() for line in out.splitlines() if "tpp300" in line]
     assert len(names) == len(set(names)) == 14 * 3  # linear, nonlinear and identity at 300 tokens/param, each once
     assert not (tmp_path / "v").exists()
+
+
+def test_verdict_lr_selects_each_variants_lr_on_other_seeds_then_tests_fresh_pairs(byte_data, tmp_path, monkeypatch):
+    """Selection on seeds 201-203 (a diverged run puts its lr out and ends its chain, the study goes on), then
+    the test pairs at the selected lrs only; the report prints the selection and the verdict in the rule's words."""
+    from nlq.errors import Diverged
+    from nlq.studies import study as study_module
+    from nlq.studies.registry import build_report, get_study
+    from nlq.studies.study import run_study
+
+    best = {("linear", 2e-3): 3.00, ("linear", 4e-3): 2.95, ("linear", 8e-3): 2.80,  # 8e-3 would win: it diverges
+            ("nonlinear", 2e-3): 3.05, ("nonlinear", 4e-3): 2.98, ("nonlinear", 8e-3): 2.90}
+    trained = []
+
+    def fake_train(config, run_dir):
+        query, lr, seed = config.model.query, config.train.lr, config.train.seed
+        if (query, lr, seed) == ("linear", 8e-3, 202) and run_dir.name.endswith("-stable"):
+            raise Diverged("loss is nan at step 7; stopped")
+        trained.append((run_dir.name, config))
+        loss = best[(query, lr)] + 0.001 * (seed % 7) - (0.01 if seed % 2 else 0.0) * (query == "nonlinear")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "final_step": config.train.max_steps, "val_loss": loss + 0.01, "full_val_loss": loss, "tokens_per_s": 1.0,
+            "non_embedding_parameters": 1000, "tokens": 1}))
+
+    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    study = get_study("verdict-lr")
+    s = study.settings
+    run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
+    runs = tmp_path / "runs"
+    assert (runs / "d64-linear-lr0.008-s202-stable" / "diverged.json").is_file()
+    assert "d64-linear-lr0.008-s202-stable" in json.loads((runs / "d64-tpp300-linear-lr0.008-s202" / "diverged.json").read_text())["reason"]
+    tests = [(c.model.query, c.train.lr, c.train.min_lr, c.data.final_eval) for name, c in trained
+             if c.train.seed in s["seeds"] and not name.endswith("-stable")]
+    assert sorted(set(tests)) == [("linear", 4e-3, 4e-4, "full"), ("nonlinear", 8e-3, 8e-4, "full")]
+    assert len(tests) == 2 * len(s["seeds"])
+    selection = [c.train.seed for _, c in trained if c.train.seed not in s["seeds"]]
+    assert set(selection) == set(s["selection_seeds"])
+    trained.clear()
+    run_study(get_study("verdict-lr"), tmp_path, data_dir=str(byte_data), log=lambda *_: None)
+    assert trained == []  # run again: every run finished or diverged, nothing is retrained
+
+    markdown = build_report(tmp_path)
+    assert "| linear | 0.008 | 3 of 3 |" in markdown and "| 1 |" in markdown  # one diverged run, its lr out
+    assert "| linear | 0.004 (selected) |" in markdown and "| nonlinear | 0.008 (selected) |" in markdown
+    assert "Selected: linear 0.004, nonlinear 0.008." in markdown
+    assert "**Verdict: nonlinear better.**" in markdown  # 2.90 - 2.95 = -0.05, minus 0.01 on odd seeds
+    outcome = json.loads((tmp_path / "verdict.json").read_text())
+    assert outcome["selected_lrs"] == {"linear": 0.004, "nonlinear": 0.008}
+    assert outcome["decision"]["interval"]["mean"] == pytest.approx(-0.055)
+    assert (tmp_path / "verdict_lr.png").stat().st_size > 0
+
+
+def test_verdict_lr_report_shows_no_endpoint_before_the_selection_and_the_test_have_ended(tmp_path):
+    from nlq.studies.registry import build_report
+    from nlq.studies.verdict_lr import SETTINGS
+
+    s = SETTINGS
+    runs = [{"name": f"sel-{v}-{lr}-{seed}", "variant": v, "seed": seed, "lr": lr, "stage": "budget", "tpp": 300}
+            for v in s["primary"] for lr in s["lrs"] for seed in s["selection_seeds"]]
+    runs += [{"name": f"test-{v}-{seed}", "variant": v, "seed": seed, "lr": 2e-3, "stage": "budget", "tpp": 300}
+             for v in s["primary"] for seed in s["seeds"]]
+    (tmp_path / "study.json").write_text(json.dumps({"name": "verdict-lr", "report": "verdict-lr", "settings": s,
+                                                     "runs": runs}))
+
+    def finish(names):
+        for r in runs:
+            if r["name"] in names:
+                (tmp_path / "runs" / r["name"]).mkdir(parents=True, exist_ok=True)
+                (tmp_path / "runs" / r["name"] / "summary.json").write_text(json.dumps({
+                    "final_step": 1, "val_loss": 3.0, "full_val_loss": 3.0 + r["seed"] * 1e-4 + (r["variant"] == "linear") * (0.05 + r["seed"] % 3 * 1e-3),
+                    "tokens_per_s": 1.0, "non_embedding_parameters": 1000, "tokens": 1}))
+
+    finish([r["name"] for r in runs[:5]])  # 5 of the 18 selection runs
+    markdown = build_report(tmp_path)
+    assert "The selection has not ended yet" in markdown and "## The test" not in markdown
+    finish([r["name"] for r in runs[:-7]])  # every selection run, some test runs
+    markdown = build_report(tmp_path)
+    assert "## The test" in markdown and "have ended" in markdown and "Verdict" not in markdown
+    assert json.loads((tmp_path / "verdict.json").read_text())["selected_lrs"] == {"linear": 0.002, "nonlinear": 0.002}
+    finish([r["name"] for r in runs])
+    assert "**Verdict: nonlinear better.**" in build_report(tmp_path)
+
+
+def test_equivalence_test_with_identical_differences_decides_by_the_margin():
+    assert stats.equivalence_test([0.01] * 5, margin=0.037)["equivalent"]
+    assert not stats.equivalence_test([0.05] * 5, margin=0.037)["equivalent"]
+    assert stats.decide([0.05] * 5, margin=0.037)["verdict"] == "worse"

@@ -19,6 +19,11 @@ class TrainingError(UserError):
     """Training cannot go on (a non-finite loss); the message names the step and the last good checkpoint."""
 
 
+class Diverged(TrainingError):
+    """The loss, a gradient norm or a weight became non-finite. A study records the run as diverged
+    (diverged.json in its directory) and goes on with its other chains."""
+
+
 class PeerFailure(TrainingError):
     """A collective failed because another process died or hung. The process group is left as it is: its worker
     threads may still wait on the dead peer, so destroying it, or a normal interpreter exit, can hang; the command

@@ -51,8 +51,11 @@ def equivalence_test(differences: list[float], margin: float, alpha: float = 0.0
         return {"p_lower": math.nan, "p_upper": math.nan, "p": math.nan, "low": math.nan, "high": math.nan,
                 "equivalent": False}
     mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
-    p_lower = float(stats.t.sf((mean + margin) / se, n - 1))
-    p_upper = float(stats.t.cdf((mean - margin) / se, n - 1))
+    if se == 0:  # every difference the same: each one-sided test rejects exactly when the mean is inside
+        p_lower, p_upper = float(mean <= -margin), float(mean >= margin)
+    else:
+        p_lower = float(stats.t.sf((mean + margin) / se, n - 1))
+        p_upper = float(stats.t.cdf((mean - margin) / se, n - 1))
     half = float(stats.t.ppf(1 - alpha, n - 1) * se)
     return {"p_lower": p_lower, "p_upper": p_upper, "p": max(p_lower, p_upper), "low": mean - half,
             "high": mean + half, "equivalent": max(p_lower, p_upper) < alpha}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nlq.config import RunConfig, update
 from nlq.data.shards import prepare
-from nlq.errors import LockHeld, UserError
+from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
 from nlq.overrides import apply_overrides
 from nlq.runs import checkpoint as ckpt
@@ -118,6 +118,18 @@ class Run:
 
 
 # ---- running ---------------------------------------------------------------------------------------
+
+DIVERGED = "diverged.json"  # in a run directory: the run stopped on a non-finite loss (or its chain did)
+
+
+def run_diverged(run_dir: Path) -> bool:
+    return (run_dir / DIVERGED).is_file()
+
+
+def run_ended(run_dir: Path, max_steps: int) -> bool:
+    """Finished, or diverged: nothing more will be trained for it."""
+    return run_finished(run_dir, max_steps) or run_diverged(run_dir)
+
 
 def run_finished(run_dir: Path, max_steps: int) -> bool:
     """Trained to max_steps (or beyond: a WSD stable run's earlier segments are finished once a later one is)."""
@@ -271,7 +283,7 @@ def _wait_for_others(runs: list[Run], configs: list[RunConfig], study_dir: Path,
         owner |= {runs[i].name: k for i in shard_indices(runs, k, shard[1])}
     waited, poll_s = 0.0, WAIT_POLL_S
     while True:
-        pending = [r.name for r, c in zip(runs, configs) if not run_finished(study_dir / "runs" / r.name, c.train.max_steps)]
+        pending = [r.name for r, c in zip(runs, configs) if not run_ended(study_dir / "runs" / r.name, c.train.max_steps)]
         if not pending:
             return
         idle = sorted({owner[name] for name in pending} - {owner[r.name] for r in runs if (study_dir / "runs" / r.name).exists()})
@@ -303,6 +315,7 @@ def _steps_to_train(run_dir: Path, config: RunConfig) -> int:
 
 def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) -> list[Path]:
     done_dirs, seconds, steps_done = [], 0.0, 0
+    diverged_chains = {}  # chain -> the run of it that diverged: the chain's later runs cannot start
     steps_left = [_steps_to_train(study_dir / "runs" / r.name, c) for r, c in zip(runs, configs)]
     for index, (run, config) in enumerate(zip(runs, configs), start=1):
         run_dir = study_dir / "runs" / run.name
@@ -310,10 +323,27 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) 
         if run_finished(run_dir, config.train.max_steps):
             log(f"[{index}/{len(runs)}] {run.name}: finished earlier, skipped")
             continue
+        if run_diverged(run_dir) or run.chain in diverged_chains:
+            if not run_diverged(run_dir):
+                run_dir.mkdir(parents=True, exist_ok=True)
+                write_json(run_dir / DIVERGED, {"run": run.name, "reason": f"{diverged_chains[run.chain]}, which it "
+                                                                          "continues, diverged"})
+            if run.name == run.chain:  # a diverged stable run ends its chain; a diverged branch only itself
+                diverged_chains.setdefault(run.chain, run.name)
+            log(f"[{index}/{len(runs)}] {run.name}: diverged (see {run_dir / DIVERGED}), skipped")
+            continue
         eta = f", stage ETA {seconds / steps_done * sum(steps_left[index - 1:]) / 60:.1f} min" if steps_done else ""
         log(f"[{index}/{len(runs)}] {run.name}: {run.variant.note or run.variant.name}{eta}")
         run_start = time.perf_counter()
-        _train_run(config, run_dir)
+        try:
+            _train_run(config, run_dir)
+        except Diverged as e:  # recorded, and the study goes on: a report counts the run as diverged
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_json(run_dir / DIVERGED, {"run": run.name, "reason": str(e)})
+            if run.name == run.chain:
+                diverged_chains[run.chain] = run.name
+            log(f"[{index}/{len(runs)}] {run.name}: diverged: {e}")
+            continue
         seconds += time.perf_counter() - run_start
         steps_done += steps_left[index - 1]
         summary = read_json(run_dir / "summary.json", "a run summary")

@@ -101,42 +101,42 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
              f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: nonlinear better; "
              f"above 0: nonlinear worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
              f"inconclusive.", ""]
-    pairs = _pairs(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
+    pairs = pairs_of(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
     finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
-    finished |= {v: len(_pairs(loss, baseline, v, seeds, primary_tpp, s["endpoint"])) for v in s["secondary"]}
+    finished |= {v: len(pairs_of(loss, baseline, v, seeds, primary_tpp, s["endpoint"])) for v in s["secondary"]}
     outcome = {"registered_pairs": len(seeds), "finished_pairs": finished}
     if len(pairs) < len(seeds):
         lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it shows.", ""]
-        return _write(study_dir, lines, outcome)
+        return write_outcome(study_dir, lines, outcome)
     decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"])
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": primary_tpp, "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
-    lines += _primary_section(pairs, decision, loss, s, baseline, method)
+    lines += primary_section(pairs, decision, loss, s, baseline, method)
     lines += _secondary_section(loss, s, baseline, method)
     lines += ["", "Plot: `verdict_deltas.png` (each seed's Δ, the mean with its 95% interval, the equivalence "
               "margins).", ""]
     _plot(study_dir / "verdict_deltas.png", loss, s, baseline)
     write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss", "full_val_loss"])
-    return _write(study_dir, lines, outcome)
+    return write_outcome(study_dir, lines, outcome)
 
 
-def _write(study_dir: Path, lines: list[str], outcome: dict) -> str:
+def write_outcome(study_dir: Path, lines: list[str], outcome: dict) -> str:
     markdown = "\n".join(lines)
     write_json(study_dir / "verdict.json", outcome)
     atomic_write(study_dir / "report.md", markdown)
     return markdown
 
 
-def _pairs(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
+def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
     """(seed, baseline's endpoint, variant's endpoint) for the seeds where both finished."""
     return [(seed, loss[(baseline, seed, tpp)][endpoint], loss[(variant, seed, tpp)][endpoint]) for seed in seeds
             if (baseline, seed, tpp) in loss and (variant, seed, tpp) in loss]
 
 
-def _primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str) -> list[str]:
+def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str) -> list[str]:
     interval, tost = decision["interval"], decision["tost"]
     base_mean, base_sd = mean_std([b for _, b, _ in pairs])
     lines = [f"**Verdict: {decision['words']}.**", "",
@@ -165,7 +165,7 @@ def _secondary_section(loss: dict, s: dict, baseline: str, method: str) -> list[
     family = [(v, tpp) for v in [method, *s["secondary"]] for tpp in s["budgets_tpp"] if (v, tpp) != (method, s["primary_tpp"])]
     rows = []
     for variant, tpp in family:
-        pairs = _pairs(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
+        pairs = pairs_of(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
         if len(pairs) == len(s["seeds"]):
             rows.append((variant, tpp, paired_difference([v for _, _, v in pairs], [b for _, b, _ in pairs],
                                                          s["confidence"])))
@@ -189,7 +189,7 @@ def _secondary_section(loss: dict, s: dict, baseline: str, method: str) -> list[
 
 def _plot(path: Path, loss: dict, s: dict, baseline: str) -> None:
     cells = [(v, tpp) for v in [s["primary"][1], *s["secondary"]] for tpp in sorted(s["budgets_tpp"], reverse=True)]
-    cells = [(v, tpp, _pairs(loss, baseline, v, s["seeds"], tpp, s["endpoint"])) for v, tpp in cells]
+    cells = [(v, tpp, pairs_of(loss, baseline, v, s["seeds"], tpp, s["endpoint"])) for v, tpp in cells]
     cells = [(v, tpp, pairs) for v, tpp, pairs in cells if len(pairs) == len(s["seeds"])]
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for x, (variant, tpp, pairs) in enumerate(cells):

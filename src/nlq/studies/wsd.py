@@ -45,13 +45,16 @@ def merged(raw: dict, more: dict) -> dict:
 
 
 def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, width: str, shape: dict,
-              budgets_tpp: list[float], lr: float, min_lr: float, branch: dict | None = None) -> list[list[Run]]:
+              budgets_tpp: list[float], lr: float, min_lr: float, branch: dict | None = None,
+              lr_in_name: bool = False) -> list[list[Run]]:
     """The runs of one (variant, seed), level by level: a level is the stable segment up to a budget's cooldown
     (none for a budget too short to have one) and that budget's branch; the levels must run in order, in one
-    process (the runs share the group of the stable run). branch: more changes for the branches."""
+    process (the runs share the group of the stable run). branch: more changes for the branches. lr_in_name:
+    the runs' names carry the lr (for studies with chains of one variant and seed at several lrs)."""
     steps = [budget_steps(study.base, shape, tpp) for tpp in budgets_tpp]
     longest = max(steps)
-    stable = Run(study, variant, seed, None, tag=width, suffix="-stable")  # for its name
+    named_lr = lr if lr_in_name else None
+    stable = Run(study, variant, seed, named_lr, tag=width, suffix="-stable")  # for its name
     stable_dir = (study_dir / "runs" / stable.name).resolve()
     common = {"model": dict(shape), "train": {"lr": lr, "min_lr": min_lr}}
     levels = []
@@ -59,14 +62,14 @@ def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, wid
         level = []
         start = cooldown_start(update(study.base, {"train": {"max_steps": budget}}).train)
         if start > 0:
-            level.append(Run(study, variant, seed, None, merged(common, {"train": {
+            level.append(Run(study, variant, seed, named_lr, merged(common, {"train": {
                 "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
                 "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
                 labels={"stage": "stable", "width": width}, group=stable.name))
         changes = {"max_steps": budget, "eval_every": budget}
         if start > 0:
             changes["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
-        level.append(Run(study, variant, seed, None, merged(merged(common, {"train": changes}), branch or {}),
+        level.append(Run(study, variant, seed, named_lr, merged(merged(common, {"train": changes}), branch or {}),
                          tag=f"{width}-tpp{tpp:g}", labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget},
                          group=stable.name))
         levels.append(level)

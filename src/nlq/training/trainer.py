@@ -19,7 +19,7 @@ import torch
 
 from nlq.config import RunConfig, TrainConfig
 from nlq.data.batches import IGNORE
-from nlq.errors import PeerFailure, TrainingError, UserError
+from nlq.errors import Diverged, PeerFailure, UserError
 from nlq.fileio import remove_stale
 from nlq.interop.load import load_initial_weights
 from nlq.lock import directory_lock
@@ -201,8 +201,8 @@ class Trainer:
         return summary
 
     @staticmethod
-    def _diverged(what: str, last_ckpt: str | None) -> TrainingError:
-        return TrainingError(f"{what}; stopped. The last good checkpoint is "
+    def _diverged(what: str, last_ckpt: str | None) -> Diverged:
+        return Diverged(f"{what}; stopped. The last good checkpoint is "
                              f"{last_ckpt or 'none (no checkpoint was saved yet)'}; lower train.lr or resume from it")
 
     def _update(self, step: int, done: int, last_ckpt: str | None) -> tuple[float, float]:
