@@ -1,5 +1,6 @@
-"""The files of a run directory besides checkpoints and metrics: config.json, summary.json, the data's meta and
-tokenizer (data_meta.json, tokenizer.json, ...); and loading a run's model and tokenizer back."""
+"""The files of a run directory besides checkpoints and metrics: config.json, summary.json, diverged.json, the
+data's meta and tokenizer (data_meta.json, tokenizer.json, ...); whether a run has finished or diverged; and
+loading a run's model and tokenizer back."""
 
 from __future__ import annotations
 
@@ -17,6 +18,34 @@ from nlq.model import Transformer
 from nlq.runs import checkpoint as ckpt
 
 TOKENIZER_FILES = ("tokenizer.json", *GPT2_FILES)
+
+
+DIVERGED = "diverged.json"  # in a run directory: the run stopped on a non-finite loss (or its chain did)
+
+
+def run_diverged(run_dir: Path) -> bool:
+    return (run_dir / DIVERGED).is_file()
+
+
+def write_diverged(run_dir: Path, run_name: str, reason: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / DIVERGED, {"run": run_name, "reason": reason})
+
+
+def run_ended(run_dir: Path, max_steps: int) -> bool:
+    """Finished, or diverged: nothing more will be trained for it."""
+    return run_finished(run_dir, max_steps) or run_diverged(run_dir)
+
+
+def run_finished(run_dir: Path, max_steps: int) -> bool:
+    """Trained to max_steps (or beyond: a WSD stable run's earlier segments are finished once a later one is)."""
+    summary = run_dir / "summary.json"
+    if not summary.is_file():
+        return False
+    try:
+        return (read_json(summary, "a run summary").get("final_step") or 0) >= max_steps
+    except (UserError, TypeError):  # cut short by a kill while written: the run is redone from its checkpoint
+        return False
 
 
 def save_config(config: RunConfig, path: Path) -> None:

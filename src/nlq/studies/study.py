@@ -23,7 +23,7 @@ from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
 from nlq.overrides import apply_overrides
 from nlq.runs import checkpoint as ckpt
-from nlq.runs.rundir import save_config
+from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
 from nlq.training.trainer import train
 
 
@@ -118,29 +118,6 @@ class Run:
 
 
 # ---- running ---------------------------------------------------------------------------------------
-
-DIVERGED = "diverged.json"  # in a run directory: the run stopped on a non-finite loss (or its chain did)
-
-
-def run_diverged(run_dir: Path) -> bool:
-    return (run_dir / DIVERGED).is_file()
-
-
-def run_ended(run_dir: Path, max_steps: int) -> bool:
-    """Finished, or diverged: nothing more will be trained for it."""
-    return run_finished(run_dir, max_steps) or run_diverged(run_dir)
-
-
-def run_finished(run_dir: Path, max_steps: int) -> bool:
-    """Trained to max_steps (or beyond: a WSD stable run's earlier segments are finished once a later one is)."""
-    summary = run_dir / "summary.json"
-    if not summary.is_file():
-        return False
-    try:
-        return (read_json(summary, "a run summary").get("final_step") or 0) >= max_steps
-    except (UserError, TypeError):  # cut short by a kill while written: the run is redone from its checkpoint
-        return False
-
 
 def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=print,
                        wait_for_others: bool = False) -> Path | None:
@@ -325,9 +302,7 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) 
             continue
         if run_diverged(run_dir) or run.chain in diverged_chains:
             if not run_diverged(run_dir):
-                run_dir.mkdir(parents=True, exist_ok=True)
-                write_json(run_dir / DIVERGED, {"run": run.name, "reason": f"{diverged_chains[run.chain]}, which it "
-                                                                          "continues, diverged"})
+                write_diverged(run_dir, run.name, f"{diverged_chains[run.chain]}, which it continues, diverged")
             if run.name == run.chain:  # a diverged stable run ends its chain; a diverged branch only itself
                 diverged_chains.setdefault(run.chain, run.name)
             log(f"[{index}/{len(runs)}] {run.name}: diverged (see {run_dir / DIVERGED}), skipped")
@@ -338,8 +313,7 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) 
         try:
             _train_run(config, run_dir)
         except Diverged as e:  # recorded, and the study goes on: a report counts the run as diverged
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_json(run_dir / DIVERGED, {"run": run.name, "reason": str(e)})
+            write_diverged(run_dir, run.name, str(e))
             if run.name == run.chain:
                 diverged_chains[run.chain] = run.name
             log(f"[{index}/{len(runs)}] {run.name}: diverged: {e}")

@@ -18,7 +18,8 @@ from nlq.fileio import read_json
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.scaling import base as scaling_base
 from nlq.studies.stats import decide, holm, mean_std, paired_difference
-from nlq.studies.study import DIVERGED, LINEAR, NONLINEAR, Run, Study
+from nlq.runs.rundir import DIVERGED
+from nlq.studies.study import LINEAR, NONLINEAR, Run, Study
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 from nlq.studies.verdict import DATA, pairs_of, primary_section, write_outcome
 from nlq.studies.wsd import chain_tokens, wsd_chain
