@@ -88,12 +88,7 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
     loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs}
     seeds, primary_tpp = s["seeds"], s["primary_tpp"]
     baseline, method = s["primary"]
-    meta = study.get("data_meta") or {}
-    lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
-             f"Corpus: `{meta.get('source')}`, content hash `{str(meta.get('source_hash'))[:16]}`. Code: "
-             + (", ".join(f"`{c[:12]}{'+dirty' if c.endswith('+dirty') else ''}`" for c in study.get("code") or [])
-                or "not recorded") + ".", "",
-             "## The pre-registered test", "",
+    lines = header(study) + ["## The pre-registered test", "",
              f"Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed at {primary_tpp:g} tokens per "
              f"parameter, {s['width']} {s['shape']}, both at peak lr {s['lr']:g} and min lr {s['min_lr']:g}; "
              f"{len(seeds)} pairs (seeds {seeds[0]}-{seeds[-1]}), fixed in advance. Analysis: the mean Δ with its "
@@ -121,6 +116,15 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
     write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss", "full_val_loss"])
     return write_outcome(study_dir, lines, outcome)
+
+
+def header(study: dict) -> list[str]:
+    """The report's title, description, corpus (with its content hash) and the code commits that ran it."""
+    meta = study.get("data_meta") or {}
+    code = ", ".join(f"`{c[:12]}{'+dirty' if c.endswith('+dirty') else ''}`" for c in study.get("code") or [])
+    return [f"# Study `{study['name']}`", "", study.get("description", ""), "",
+            f"Corpus: `{meta.get('source')}`, content hash `{str(meta.get('source_hash'))[:16]}`. Code: "
+            f"{code or 'not recorded'}.", ""]
 
 
 def write_outcome(study_dir: Path, lines: list[str], outcome: dict) -> str:

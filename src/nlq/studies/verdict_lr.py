@@ -21,7 +21,7 @@ from nlq.studies.stats import decide, holm, mean_std, paired_difference
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.study import LINEAR, NONLINEAR, Run, Study
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
-from nlq.studies.verdict import DATA, pairs_of, primary_section, write_outcome
+from nlq.studies.verdict import DATA, header, pairs_of, primary_section, write_outcome
 from nlq.studies.wsd import chain_tokens, wsd_chain
 
 SETTINGS = {
@@ -131,11 +131,7 @@ def build_verdict_lr_report(study_dir: Path, study: dict) -> str:
     verdict_lr.png and verdict.json (the selected lrs, the ended pairs and, once all are in, the decision)."""
     s = study["settings"]
     baseline, method = s["primary"]
-    meta = study.get("data_meta") or {}
-    lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
-             f"Corpus: `{meta.get('source')}`, content hash `{str(meta.get('source_hash'))[:16]}`. Code: "
-             + (", ".join(f"`{c[:12]}`" for c in study.get("code") or []) or "not recorded") + ".", "",
-             "## The pre-registered test", "",
+    lines = header(study) + ["## The pre-registered test", "",
              f"Selection: {baseline} and {method} at peak lr {', '.join(f'{lr:g}' for lr in s['lrs'])} (min lr = peak x "
              f"{s['min_lr_ratio']:g}) on seeds {', '.join(map(str, s['selection_seeds']))}; each variant's lr is the one "
              f"with the lowest mean {s['endpoint']} at {s['primary_tpp']:g} tokens per parameter (an lr with a diverged "
@@ -166,8 +162,9 @@ def build_verdict_lr_report(study_dir: Path, study: dict) -> str:
     lines += _selection_comparisons(picked, s, baseline, method)
 
     tested = endpoints(study_dir, study, s["seeds"])
-    loss = {(r["variant"], r["seed"], r["tpp"]): r for r in load_summaries(study_dir, study)
-            if r.get("stage") == "budget" and r["seed"] in s["seeds"] and r["lr"] == chosen[r["variant"]]["lr"]}
+    runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
+    loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs
+            if r["seed"] in s["seeds"] and r["lr"] == chosen[r["variant"]]["lr"]}
     pairs = pairs_of(loss, baseline, method, s["seeds"], s["primary_tpp"], s["endpoint"])
     diverged = sorted({seed for (v, lr, seed), value in tested.items() if value is None and lr == chosen[v]["lr"]})
     outcome["finished_pairs"] = {method: len(pairs)}
@@ -184,7 +181,6 @@ def build_verdict_lr_report(study_dir: Path, study: dict) -> str:
         lines += [f"Pairs with a diverged run, left out of the test: seeds {', '.join(map(str, diverged))}.", ""]
     lines += primary_section(pairs, decision, loss, s, baseline, method)
     _plot(study_dir / "verdict_lr.png", picked, chosen, pairs, s, baseline, method)
-    runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
     write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss", "full_val_loss"])
     lines += ["", "Plot: `verdict_lr.png` (the selection: each run's endpoint against the lr; the test: each seed's Δ, "
