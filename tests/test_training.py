@@ -261,3 +261,25 @@ def test_the_checkpoints_folder_resolves_to_the_runs_latest_checkpoint(trained_r
     from nlq.runs.checkpoint import latest_checkpoint, resolve_checkpoint
 
     assert resolve_checkpoint(trained_run / "checkpoints") == latest_checkpoint(trained_run) is not None
+
+
+def test_run_records_code_times_and_first_batch_equal_within_a_pair(byte_data, tmp_path):
+    """Pairing and timing can be checked from the files alone: the members of a pair (same seed, other query)
+    record the same first-batch hash, another seed another; a branch records the batch it starts at."""
+    records = {}
+    for query, seed in (("linear", 1), ("nonlinear", 1), ("linear", 2)):
+        config = tiny_run_config(byte_data, model=tiny_model_config(vocab_size=257, query=query), max_steps=4, seed=seed)
+        train(config, tmp_path / f"{query}{seed}", quiet=True)
+        records[(query, seed)] = json.loads((tmp_path / f"{query}{seed}" / "summary.json").read_text())["record"]
+    assert records[("linear", 1)]["first_batch"] == records[("nonlinear", 1)]["first_batch"]
+    assert records[("linear", 1)]["first_batch"]["sha256"] != records[("linear", 2)]["first_batch"]["sha256"]
+    record = records[("linear", 1)]
+    assert record["first_batch"]["step"] == 0 and record["resumed_at_step"] is None
+    assert record["started_utc"] <= record["ended_utc"] and record["ended_utc"].endswith("Z")
+    from nlq.provenance import code_version
+    assert record["code"] == code_version()
+    branch = tiny_run_config(byte_data, model=tiny_model_config(vocab_size=257), max_steps=6, seed=1,
+                             resume_from=str(tmp_path / "linear1"))
+    train(branch, tmp_path / "branch", quiet=True)
+    first = json.loads((tmp_path / "branch" / "summary.json").read_text())["record"]["first_batch"]
+    assert first["step"] == 4 and first["sha256"] != record["first_batch"]["sha256"]

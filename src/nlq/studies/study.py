@@ -22,6 +22,7 @@ from nlq.data.shards import prepare
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
 from nlq.overrides import apply_overrides
+from nlq.provenance import code_version
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
 from nlq.training.trainer import train
@@ -171,20 +172,6 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         _wait_for_others(stage, configs, study_dir, shard, log)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
     return done_dirs
-
-
-def code_version() -> str | None:
-    """The git commit of nlq's source tree ("+dirty" with uncommitted changes to it); None outside a git checkout."""
-    source = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10)
-        status = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=source, capture_output=True, text=True,
-                                timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if commit.returncode != 0:
-        return None
-    return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
 
 
 def code_versions(study_json: Path) -> list[str]:

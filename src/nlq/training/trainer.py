@@ -24,6 +24,7 @@ from nlq.fileio import remove_stale
 from nlq.interop.load import load_initial_weights
 from nlq.lock import directory_lock
 from nlq.model import Transformer
+from nlq.provenance import code_version, tensor_hash, utc_now
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.metrics import read_metrics, truncate_metrics, write_metrics
 from nlq.runs.rundir import save_config, write_summary
@@ -166,6 +167,7 @@ class Trainer:
                else f"resuming at step {self.start_step}" if self.payload else "from scratch"))
         if self.fresh is not None:
             logger.print(f"weights from {tcfg.init_from}" + (f"; fresh: {', '.join(self.fresh)}" if self.fresh else ""))
+        started_utc = utc_now()
         if self.start_step == 0:
             logger.log(self._eval_record(0))
         last_ckpt = self.payload["path"] if self.payload else None
@@ -195,7 +197,7 @@ class Trainer:
                     last_ckpt = self._save(done)
         finally:
             logger.close()
-        summary = self._summary(rates)
+        summary = self._summary(rates) | {"record": self._record(started_utc)}
         if env.is_main:
             write_summary(self.run_dir, summary)
         return summary
@@ -269,6 +271,17 @@ class Trainer:
                 ckpt.save_model_only(self.run_dir, model_state, self.config.to_dict(), step)
         distributed.barrier(self.env)
         return str(path)
+
+    def _record(self, started_utc: str) -> dict:
+        """Where the run came from: the code commit, this process's UTC start and end (resumed_at_step: where it
+        took over from an earlier process of the same run), and a hash of the run's first training batch (rank
+        0's first micro-batch of the step the run starts at: 0, or the step of the checkpoint it branches from),
+        equal for every member of a pair."""
+        first_step = ckpt.step_of(Path(self.config.train.resume_from)) if self.config.train.resume_from else 0
+        x, y = self.plan.batch(first_step, 0, self.env.world, 0, self.spec.accum)
+        resumed = self.start_step if self.payload and "branched_from" not in self.payload else None
+        return {"code": code_version(), "started_utc": started_utc, "ended_utc": utc_now(), "resumed_at_step": resumed,
+                "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)}}
 
     def _summary(self, rates: list[float]) -> dict:
         records = read_metrics(self.run_dir / "metrics.jsonl") if self.env.is_main else []

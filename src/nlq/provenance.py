@@ -1,0 +1,43 @@
+"""Where a result came from: the code commit that produced it, UTC times, and content hashes of what it saw,
+so that pairing and timing can be checked from a run's files alone."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str | None:
+    """The git commit of nlq's source tree ("+dirty" with uncommitted changes to it); None outside a git checkout.
+    Read once per process: the code a process runs is the code it imported at its start."""
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=source, capture_output=True, text=True,
+                                timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if commit.returncode != 0:
+        return None
+    return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second (e.g. 2026-12-01T20:45:03Z)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tensor_hash(*tensors: torch.Tensor) -> str:
+    """SHA-256 of the tensors' values (dtype and shape included), the first 16 hex digits."""
+    digest = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()[:16]
