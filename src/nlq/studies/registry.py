@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nlq.errors import UserError
-from nlq.studies import comparison, probes, scaling, verdict, verdict_lr
+from nlq.studies import comparison, probes, scaling, verdict, verdict_lr, verdict_lr_report
 from nlq.studies.study import Study
 from nlq.studies.tables import load_results
 
@@ -28,7 +28,7 @@ REPORTS: dict[str, Callable[[Path, dict], str]] = {
     "scaling": scaling.build_scaling_report,
     "probes": probes.build_probes_report,
     "verdict": verdict.build_verdict_report,
-    "verdict-lr": verdict_lr.build_verdict_lr_report,
+    "verdict-lr": verdict_lr_report.build_verdict_lr_report,
 }
 
 

@@ -144,8 +144,8 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
     interval, tost = decision["interval"], decision["tost"]
     base_mean, base_sd = mean_std([b for _, b, _ in pairs])
     lines = [f"**Verdict: {decision['words']}.**", "",
-             f"- mean Δ {interval['mean']:+.4f} nats ({-interval['mean'] / base_mean:+.2%} relative change, "
-             f"(baseline - variant) / baseline), {s['confidence']:.0%} interval {interval_text(interval)}, "
+             f"- mean Δ {interval['mean']:+.4f} nats ({interval['mean'] / base_mean:+.2%} of {baseline}'s loss; "
+             f"positive: {method} worse), {s['confidence']:.0%} interval {interval_text(interval)}, "
              f"paired sd {interval['sd']:.4f} (planned for {s['planning_sd']:g}), p = {interval['p']:.3g};",
              f"- equivalence test: p = {tost['p_lower']:.3g} against Δ <= -{s['margin']:g} and p = {tost['p_upper']:.3g} "
              f"against Δ >= +{s['margin']:g}; {1 - 2 * s['alpha']:.0%} interval [{tost['low']:+.4f}, {tost['high']:+.4f}] "

@@ -1,11 +1,12 @@
-"""`nlq study verdict-lr`: the verdict's question with each variant at its own peak lr, chosen in advance.
+"""`nlq study verdict-lr`: the verdict's question with each arm at a peak lr of its own, chosen by one rule.
 
-`nlq study verdict` compared the queries at one shared lr (2e-3, linear's best swept lr) and found the nonlinear
-query worse at 300 tokens per parameter; the paper tuned each variant's lr. Here (docs/RESULTS.md,
-"Pre-registration: `nlq study verdict-lr`") both variants first train at each of three peak lrs on three
-selection seeds; each variant's lr is the one with the lowest mean endpoint there; then both train at their
-selected lrs on twelve fresh test seeds, and the verdict's analysis and decision rule are applied to those
-pairs. Selecting on other seeds than the test keeps the lr choice from leaning on the noise it is tested on.
+Amended on 2026-12-01 before its first run (docs/RESULTS.md, "Pre-registration: `nlq study verdict-lr`" and its
+amendment): four arms (linear, nonlinear, and both with QK-norm), one lr grid for all (1e-3 ... 1.6e-2, min lr =
+peak / 10) on three selection seeds that are never tested, an edge rule that extends the grid by a factor of 2
+while an arm's best lr sits at its edge, then 16 fresh test pairs at the selected lrs: the primary arms first (the
+pre-registered test: nonlinear against linear, QK-norm off), then the QK-norm arms (the declared secondaries).
+Every test seed runs all four arms on identical batches, from shared initial weights where shapes agree. The
+report is in verdict_lr_report.py.
 """
 
 from __future__ import annotations
@@ -15,43 +16,57 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.studies.plots import plt, save_figure
-from nlq.studies.scaling import base as scaling_base
-from nlq.studies.stats import decide, holm, mean_std, paired_difference
 from nlq.runs.rundir import DIVERGED
-from nlq.studies.study import LINEAR, NONLINEAR, Run, Study
-from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
-from nlq.studies.verdict import DATA, header, pairs_of, primary_section, write_outcome
+from nlq.studies.scaling import base as scaling_base
+from nlq.studies.study import LINEAR, NONLINEAR, Run, Study, Variant
+from nlq.studies.verdict import DATA
 from nlq.studies.wsd import chain_tokens, wsd_chain
+
+LINEAR_QKNORM = Variant("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}},
+                        "baseline with QK-norm: RMSNorm on each head's q and k")
+NONLINEAR_QKNORM = Variant("nonlinear-qknorm", {"model": {"query": "nonlinear", "qk_norm": True}},
+                           "the method with QK-norm")
 
 SETTINGS = {
     "width": "d64",
     "shape": {"n_layer": 2, "n_head": 4, "n_embd": 64},
-    "lrs": [2e-3, 4e-3, 8e-3],  # peak lrs tried in the selection
-    "min_lr_ratio": 0.1,  # min lr = peak / 10 for every run (at 2e-3: the verdict's schedule)
+    "lrs": [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2],  # the grid every arm trains at on the selection seeds
+    "edge_factor": 2.0,  # a best lr at an edge of what was tried extends the grid by this factor that way ...
+    "max_extensions": 3,  # ... at most this many times per direction and arm
+    "min_lr_ratio": 0.1,  # min lr = peak / 10 for every run
     "budgets_tpp": [300],
     "primary_tpp": 300,
-    "selection_seeds": [201, 202, 203],
-    "seeds": list(range(211, 223)),  # 12 test pairs: the power computation is in docs/RESULTS.md
-    "primary": ["linear", "nonlinear"],
-    "secondary": [],
+    "selection_seeds": [201, 202, 203],  # never tested
+    "seeds": list(range(211, 227)),  # 16 test pairs: scripts/verdict_power.py --study verdict-lr
+    "primary": ["linear", "nonlinear"],  # (baseline, method): the pre-registered test
+    "secondary": ["linear-qknorm", "nonlinear-qknorm"],  # their test runs follow the primary arms'
+    # The declared secondary family on the test seeds, each at its arms' selected lrs, Holm-adjusted together:
+    # [variant, baseline] is Δ = variant - baseline; "interaction" is the query effect with QK-norm minus without.
+    "secondary_family": [["nonlinear-qknorm", "linear-qknorm"], ["linear-qknorm", "linear"],
+                         ["linear-qknorm", "nonlinear"], "interaction"],
+    "paper_lr_ratio": 6.0,  # the paper's protocol: its nonlinear lr (3.6e-3) over its linear baselines' (6e-4)
     "endpoint": "full_val_loss",
     "confidence": 0.95,
     "margin": 0.037,
     "alpha": 0.05,
     "planning_sd": 0.03,
+    "planning_difference": 0.02,  # the test finds a true Δ this large ...
+    "planning_power": 0.7,  # ... with at least this power at the planning sd
 }
+
+ARMS = [LINEAR, NONLINEAR, LINEAR_QKNORM, NONLINEAR_QKNORM]
 
 
 def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]]) -> list[Run]:
-    """One WSD chain per (seed, variant, lr), named with its lr; within a seed the variants' order alternates so
-    that shards dealing chains round-robin each get both variants."""
+    """One WSD chain per (seed, arm, lr), named with its lr; within a seed the arms' order alternates so that
+    shards dealing chains round-robin each get every arm."""
     s = study.settings
     runs = []
     for i, seed in enumerate(seeds):
-        variants = study.variants if i % 2 == 0 else study.variants[::-1]
-        for lr in sorted({lr for v in variants for lr in lrs[v.name]}):
-            for variant in (v for v in variants if lr in lrs[v.name]):
+        arms = [v for v in study.variants if lrs.get(v.name)]
+        arms = arms if i % 2 == 0 else arms[::-1]
+        for lr in sorted({lr for v in arms for lr in lrs[v.name]}):
+            for variant in (v for v in arms if lr in lrs[v.name]):
                 levels = wsd_chain(study, variant, seed, study_dir, width=s["width"], shape=s["shape"],
                                    budgets_tpp=s["budgets_tpp"], lr=lr, min_lr=lr * s["min_lr_ratio"],
                                    branch={"data": {"final_eval": "full"}}, lr_in_name=True)
@@ -59,27 +74,54 @@ def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[
     return runs
 
 
-def selection(ended: dict[tuple[str, float, int], float | None], s: dict) -> dict:
-    """From the selection runs' endpoints ((variant, lr, seed) -> value; None: diverged), per variant: each lr's
-    mean (None where a run diverged: that lr is out) and the selected lr (the lowest mean; a tie goes to the
-    lower lr). Empty until every selection run has ended."""
-    keys = [(v, lr, seed) for v in s["primary"] for lr in s["lrs"] for seed in s["selection_seeds"]]
-    if any(k not in ended for k in keys):
-        return {}
-    out = {}
-    for variant in s["primary"]:
-        means = {}
-        for lr in s["lrs"]:
-            values = [ended[(variant, lr, seed)] for seed in s["selection_seeds"]]
+def lr_means(ended: dict[tuple[str, float, int], float | None], arm: str, seeds: list[int]) -> dict[float, float | None]:
+    """Each lr an arm has tried on these seeds -> its mean endpoint, None where a run diverged (that lr is out);
+    only lrs whose runs have all ended."""
+    tried = sorted({lr for (a, lr, seed) in ended if a == arm and seed in seeds})
+    means = {}
+    for lr in tried:
+        if all((arm, lr, seed) in ended for seed in seeds):
+            values = [ended[(arm, lr, seed)] for seed in seeds]
             means[lr] = None if any(v is None or not math.isfinite(v) for v in values) else sum(values) / len(values)
-        eligible = [(m, lr) for lr, m in means.items() if m is not None]
-        out[variant] = {"means": means, "lr": min(eligible)[1] if eligible else None}
+    return means
+
+
+def grid_step(means: dict[float, float | None], s: dict) -> dict:
+    """The edge rule on one arm's selection so far (lr -> mean, None: out). Returns {"lr": the best lr (the lowest
+    mean; a tie goes to the lower lr; None if every lr is out), "next": the lr to try next (None: this arm's
+    selection is over), "edge": whether the best sits at an edge of what was tried}. A best at the lowest (highest)
+    lr tried asks for that lr / factor (x factor), unless max_extensions were made that way already; a diverged
+    lr counts as tried, so an extension that diverges leaves the best inside and ends the search."""
+    eligible = sorted((m, lr) for lr, m in means.items() if m is not None)
+    if not eligible:
+        return {"lr": None, "next": None, "edge": False}
+    best, tried, grid = eligible[0][1], sorted(means), s["lrs"]
+    at_low, at_high = best == tried[0], best == tried[-1]
+    step = None
+    if at_low and sum(lr < grid[0] for lr in tried) < s["max_extensions"]:
+        step = best / s["edge_factor"]
+    elif at_high and sum(lr > grid[-1] for lr in tried) < s["max_extensions"]:
+        step = best * s["edge_factor"]
+    return {"lr": best, "next": step, "edge": at_low or at_high}
+
+
+def selection(ended: dict[tuple[str, float, int], float | None], s: dict, arms: list[str]) -> dict:
+    """Per arm, once its selection is over (every grid and extension run ended, no extension asked for): its lr
+    means, the selected lr and whether it stayed at an edge. Arms still selecting are absent."""
+    out = {}
+    for arm in arms:
+        means = lr_means(ended, arm, s["selection_seeds"])
+        if any(lr not in means for lr in s["lrs"]):
+            continue
+        step = grid_step(means, s)
+        if step["next"] is None:
+            out[arm] = {"means": means, "lr": step["lr"], "edge": step["edge"]}
     return out
 
 
 def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str, float, int], float | None]:
-    """(variant, lr, seed) -> the endpoint of its primary-budget run, or None if it (or its chain) diverged; runs
-    still to come are absent."""
+    """(arm, lr, seed) -> the endpoint of its primary-budget run, or None if it (or its chain) diverged; runs still
+    to come are absent."""
     s = study["settings"]
     out = {}
     for r in study.get("runs", []):
@@ -95,143 +137,51 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
 
 def verdict_lr() -> Study:
     s = SETTINGS
-    study = Study("verdict-lr", f"the verdict with each variant at its own peak lr, selected from "
-                  f"{', '.join(f'{lr:g}' for lr in s['lrs'])} on {len(s['selection_seeds'])} seeds, then "
-                  f"{len(s['seeds'])} test pairs at {s['primary_tpp']} tokens per parameter", scaling_base(),
-                  [LINEAR, NONLINEAR], seeds=s["seeds"], data=DATA, report="verdict-lr", settings=dict(s))
+    study = Study("verdict-lr", f"the verdict with each of four arms (linear, nonlinear, each with and without QK-norm) "
+                  f"at its own peak lr, selected from {', '.join(f'{lr:g}' for lr in s['lrs'])} (extended at an edge) "
+                  f"on {len(s['selection_seeds'])} seeds, then {len(s['seeds'])} test pairs at {s['primary_tpp']} tokens "
+                  f"per parameter", scaling_base(), ARMS, seeds=s["seeds"], data=DATA, report="verdict-lr",
+                  settings=dict(s))
+    arms = [v.name for v in ARMS]
 
     def stages(study_dir: Path):
-        every = {v: s["lrs"] for v in s["primary"]}
-        yield chains(study, study_dir, s["selection_seeds"], every)
-        chosen = selection(endpoints(study_dir, read_json(study_dir / "study.json", "the study's description"),
-                                     s["selection_seeds"]), s)
-        if not chosen:
-            raise UserError(f"the selection runs of {study.name} have not all ended; run the study again to finish them")
-        if any(chosen[v]["lr"] is None for v in s["primary"]):
-            out = [v for v in s["primary"] if chosen[v]["lr"] is None]
+        def means() -> dict[str, dict]:
+            ended = endpoints(study_dir, read_json(study_dir / "study.json", "the study's description"),
+                              s["selection_seeds"])
+            return {arm: lr_means(ended, arm, s["selection_seeds"]) for arm in arms}
+
+        yield chains(study, study_dir, s["selection_seeds"], {arm: s["lrs"] for arm in arms})
+        asked = set()
+        while True:  # the edge rule: one more lr per arm at an edge, stage by stage, until no arm asks for one
+            now = means()
+            more = {arm: [step] for arm in arms if (step := grid_step(now[arm], s)["next"]) is not None}
+            unended = [arm for arm in arms if any(lr not in now[arm] for lr in s["lrs"])]
+            if unended or any((arm, lr[0]) in asked for arm, lr in more.items()):
+                raise UserError(f"the selection runs of {study.name} have not all ended; run the study again to "
+                                "finish them")
+            if not more:
+                break
+            asked |= {(arm, lr[0]) for arm, lr in more.items()}
+            yield chains(study, study_dir, s["selection_seeds"], more)
+        chosen = {arm: grid_step(now[arm], s)["lr"] for arm in arms}
+        if any(chosen[arm] is None for arm in s["primary"]):
+            out = [arm for arm in s["primary"] if chosen[arm] is None]
             raise UserError(f"every lr of {', '.join(out)} diverged in the selection; the test cannot run (the "
                             "pre-registration says so); nlq report shows the selection")
-        yield chains(study, study_dir, s["seeds"], {v: [chosen[v]["lr"]] for v in s["primary"]})
+        for group in (s["primary"], s["secondary"]):  # the primary arms' test runs first
+            lrs = {arm: [chosen[arm]] for arm in group if chosen[arm] is not None}  # an arm out of every lr: no test
+            if lrs:
+                yield chains(study, study_dir, s["seeds"], lrs)
 
     study.stages = stages
     return study
 
 
+def planned_chains(settings: dict = SETTINGS) -> int:
+    """Chains without any edge extension: every arm at every grid lr on the selection seeds, then on the test seeds."""
+    arms = len(settings["primary"]) + len(settings["secondary"])
+    return arms * (len(settings["lrs"]) * len(settings["selection_seeds"]) + len(settings["seeds"]))
+
+
 def planned_tokens(settings: dict = SETTINGS) -> int:
-    one = chain_tokens(scaling_base(), settings["shape"], settings["budgets_tpp"])
-    return one * len(settings["primary"]) * (len(settings["lrs"]) * len(settings["selection_seeds"]) + len(settings["seeds"]))
-
-
-# ---- the report ------------------------------------------------------------------------------------------
-
-def build_verdict_lr_report(study_dir: Path, study: dict) -> str:
-    """report.md: the selection (every variant x lr, the selected lrs), then the pre-registered test on the test
-    seeds (only once every test pair has ended) with the verdict's analysis and decision rule, then the declared
-    secondary comparisons (nonlinear - linear at each lr on the selection seeds, one Holm family); results.csv,
-    verdict_lr.png and verdict.json (the selected lrs, the ended pairs and, once all are in, the decision)."""
-    s = study["settings"]
-    baseline, method = s["primary"]
-    lines = header(study) + ["## The pre-registered test", "",
-             f"Selection: {baseline} and {method} at peak lr {', '.join(f'{lr:g}' for lr in s['lrs'])} (min lr = peak x "
-             f"{s['min_lr_ratio']:g}) on seeds {', '.join(map(str, s['selection_seeds']))}; each variant's lr is the one "
-             f"with the lowest mean {s['endpoint']} at {s['primary_tpp']:g} tokens per parameter (an lr with a diverged "
-             f"run is out; a tie goes to the lower lr). Test: both at their selected lrs, {len(s['seeds'])} pairs (seeds "
-             f"{s['seeds'][0]}-{s['seeds'][-1]}); Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed; "
-             f"the mean Δ with its {s['confidence']:.0%} paired t interval and the equivalence test (two one-sided t "
-             f"tests at {s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: nonlinear "
-             f"better; above 0: nonlinear worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
-             f"inconclusive. A test pair with a diverged run leaves the test and is listed.", "",
-             "## Selection", ""]
-    picked = endpoints(study_dir, study, s["selection_seeds"])
-    chosen = selection(picked, s)
-    lines += [f"| variant | peak lr | runs ended | mean {s['endpoint']} | sd | diverged |", "|---|---|---|---|---|---|"]
-    for variant in s["primary"]:
-        for lr in s["lrs"]:
-            values = [picked[(variant, lr, seed)] for seed in s["selection_seeds"] if (variant, lr, seed) in picked]
-            finite = [v for v in values if v is not None]
-            mean, sd = mean_std(finite) if finite else (math.nan, math.nan)
-            mark = " (selected)" if chosen and chosen[variant]["lr"] == lr else ""
-            lines.append(f"| {variant} | {lr:g}{mark} | {len(values)} of {len(s['selection_seeds'])} | {mean:.4f} | "
-                         f"{sd:.4f} | {len(values) - len(finite)} |")
-    outcome = {"registered_pairs": len(s["seeds"]), "finished_pairs": {method: 0},
-               "selected_lrs": {v: chosen[v]["lr"] for v in chosen} if chosen else None}
-    if not chosen:
-        lines += ["", "The selection has not ended yet; the test runs after it."]
-        return write_outcome(study_dir, lines, outcome)
-    lines += ["", "Selected: " + ", ".join(f"{v} {chosen[v]['lr']:g}" for v in s["primary"]) + "."]
-    lines += _selection_comparisons(picked, s, baseline, method)
-
-    tested = endpoints(study_dir, study, s["seeds"])
-    runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
-    loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs
-            if r["seed"] in s["seeds"] and r["lr"] == chosen[r["variant"]]["lr"]}
-    pairs = pairs_of(loss, baseline, method, s["seeds"], s["primary_tpp"], s["endpoint"])
-    diverged = sorted({seed for (v, lr, seed), value in tested.items() if value is None and lr == chosen[v]["lr"]})
-    outcome["finished_pairs"] = {method: len(pairs)}
-    lines += ["", "## The test", ""]
-    if len(pairs) + len(diverged) < len(s["seeds"]):
-        lines += [f"{len(pairs) + len(diverged)} of {len(s['seeds'])} test pairs have ended. The test is computed once "
-                  "all have: no endpoint is shown before."]
-        return write_outcome(study_dir, lines, outcome)
-    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"])
-    outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
-                "tokens_per_parameter": s["primary_tpp"], "margin": s["margin"],
-                "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}
-    if diverged:
-        lines += [f"Pairs with a diverged run, left out of the test: seeds {', '.join(map(str, diverged))}.", ""]
-    lines += primary_section(pairs, decision, loss, s, baseline, method)
-    _plot(study_dir / "verdict_lr.png", picked, chosen, pairs, s, baseline, method)
-    write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
-                                                      "non_embedding_parameters", "val_loss", "full_val_loss"])
-    lines += ["", "Plot: `verdict_lr.png` (the selection: each run's endpoint against the lr; the test: each seed's Δ, "
-              "the mean with its interval, the equivalence margins)."]
-    return write_outcome(study_dir, lines, outcome)
-
-
-def _selection_comparisons(picked: dict, s: dict, baseline: str, method: str) -> list[str]:
-    """Secondary, declared: nonlinear - linear at each lr on the selection seeds, one Holm family over the lrs."""
-    rows = []
-    for lr in s["lrs"]:
-        seeds = [seed for seed in s["selection_seeds"]
-                 if picked.get((baseline, lr, seed)) is not None and picked.get((method, lr, seed)) is not None]
-        rows.append((lr, paired_difference([picked[(method, lr, seed)] for seed in seeds],
-                                           [picked[(baseline, lr, seed)] for seed in seeds], s["confidence"])))
-    adjusted = holm([p["p"] if math.isfinite(p["p"]) else 1.0 for _, p in rows])
-    lines = ["", f"Secondary (declared; not part of the decision): {method} - {baseline} at each lr on the selection "
-             f"seeds, Holm-adjusted over the {len(rows)} lrs as one family.", "",
-             f"| peak lr | pairs | mean Δ | {s['confidence']:.0%} interval | p | Holm p | reading |",
-             "|---|---|---|---|---|---|---|"]
-    for (lr, p), p_holm in zip(rows, adjusted):
-        reading = "within noise" if not p_holm < 1 - s["confidence"] else ("lower loss" if p["mean"] < 0 else "higher loss")
-        lines.append(f"| {lr:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | {p_holm:.3g} | "
-                     f"{reading} |")
-    return lines
-
-
-def _plot(path: Path, picked: dict, chosen: dict, pairs: list[tuple], s: dict, baseline: str, method: str) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 4.0), width_ratios=[3, 2])
-    for i, variant in enumerate(s["primary"]):
-        points = [(lr, v) for (var, lr, _), v in picked.items() if var == variant and v is not None]
-        left.scatter([lr * (1.04 if i else 0.96) for lr, _ in points], [v for _, v in points], s=12, color=f"C{i}",
-                     alpha=0.6)
-        means = chosen[variant]["means"]
-        lrs = [lr for lr in s["lrs"] if means[lr] is not None]
-        left.plot(lrs, [means[lr] for lr in lrs], marker="o", color=f"C{i}",
-                  label=f"{variant} (selected {chosen[variant]['lr']:g})")
-    left.set(xscale="log", xlabel="peak lr", ylabel=f"{s['endpoint']} (nats)",
-             title=f"selection: seeds {s['selection_seeds'][0]}-{s['selection_seeds'][-1]}")
-    left.set_xticks(s["lrs"], labels=[f"{lr:g}" for lr in s["lrs"]])
-    left.legend(fontsize=8)
-    deltas = [v - b for _, b, v in pairs]
-    p = paired_difference(deltas, [0.0] * len(deltas), s["confidence"])
-    right.scatter([0.1 * (i / max(1, len(deltas) - 1) - 0.5) for i in range(len(deltas))], deltas, s=12, color="grey")
-    right.errorbar([0.2], [p["mean"]], yerr=[[p["mean"] - p["low"]], [p["high"] - p["mean"]]], fmt="o", capsize=4)
-    right.axhline(0.0, color="k", lw=0.8)
-    for sign in (-1, 1):
-        right.axhline(sign * s["margin"], color="C3", lw=0.8, ls="--")
-    right.set(xticks=[], xlim=(-0.3, 0.4), ylabel=f"Δ {method} - {baseline} (nats; < 0 is better)",
-              title=f"test: {len(pairs)} pairs at the selected lrs")
-    for ax in (left, right):
-        ax.title.set_fontsize(9)
-        ax.grid(alpha=0.3)
-    save_figure(fig, path)
+    return planned_chains(settings) * chain_tokens(scaling_base(), settings["shape"], settings["budgets_tpp"])

@@ -1,0 +1,267 @@
+"""The report of `nlq study verdict-lr`: the selection (every arm at every lr tried, the lr curve), its declared
+illustrations on the selection seeds, the pre-registered test on the test seeds once every primary pair has ended,
+and the QK-norm family once every test seed has all four arms. Sign convention everywhere: Δ = variant - baseline
+in nats (positive = worse), and a percentage beside it is Δ / baseline's loss, with the same sign."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from nlq.studies.plots import plt, save_figure
+from nlq.studies.stats import decide, holm, mean_std, paired_difference
+from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
+from nlq.studies.verdict import header, pairs_of, primary_section, write_outcome
+from nlq.studies.verdict_lr import endpoints, lr_means, selection
+
+
+def build_verdict_lr_report(study_dir: Path, study: dict) -> str:
+    """report.md, verdict.json (selected lrs, the lr curve, ended pairs and, once in, the decision and the QK-norm
+    family), results.csv, verdict_lr_curve.png (the selection) and verdict_lr_test.png (the test's Δs)."""
+    s = study["settings"]
+    arms = s["primary"] + s["secondary"]
+    baseline, method = s["primary"]
+    lines = header(study) + ["## The pre-registered test", "", design_text(s), "", "## Selection", ""]
+    picked = endpoints(study_dir, study, s["selection_seeds"])
+    chosen = selection(picked, s, arms)
+    curve = lr_curve(picked, s, arms)
+    lines += selection_table(curve, chosen, s, arms)
+    outcome = {"registered_pairs": len(s["seeds"]), "finished_pairs": {method: 0},
+               "selected_lrs": {arm: chosen[arm]["lr"] for arm in chosen} or None,
+               "at_edge": {arm: chosen[arm]["edge"] for arm in chosen}, "lr_curve": curve}
+    if curve:
+        plot_curve(study_dir / "verdict_lr_curve.png", picked, curve, chosen, s, arms)
+        lines += ["", "Plot: `verdict_lr_curve.png` (each run's endpoint against its peak lr, each arm's mean with its "
+                  f"{s['confidence']:.0%} interval over the selection seeds; the selected lrs circled)."]
+    if any(arm not in chosen for arm in arms):
+        lines += ["", "The selection has not ended yet; the test runs after it."]
+        return write_outcome(study_dir, lines, outcome)
+    out = [arm for arm in arms if chosen[arm]["lr"] is None]
+    lines += ["", "Selected: " + ", ".join(f"{arm} {chosen[arm]['lr']:g}" + (" (at an edge after every extension)"
+                                                                           if chosen[arm]["edge"] else "")
+                                           for arm in arms if arm not in out) + "."]
+    if out:
+        lines.append(f"Out (every lr diverged): {', '.join(out)}; their comparisons are not made.")
+    lines += selection_comparisons(picked, chosen, s, baseline, method)
+
+    runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
+    loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs
+            if r["seed"] in s["seeds"] and chosen[r["variant"]]["lr"] is not None and r["lr"] == chosen[r["variant"]]["lr"]}
+    tested = endpoints(study_dir, study, s["seeds"])
+    pairs = pairs_of(loss, baseline, method, s["seeds"], s["primary_tpp"], s["endpoint"])
+    diverged = sorted({seed for (arm, lr, seed), value in tested.items()
+                       if value is None and arm in s["primary"] and lr == chosen[arm]["lr"]})
+    outcome["finished_pairs"] = {method: len(pairs)}
+    lines += ["", "## The test", ""]
+    if len(pairs) + len(diverged) < len(s["seeds"]):
+        lines += [f"{len(pairs) + len(diverged)} of {len(s['seeds'])} test pairs have ended. The test is computed once "
+                  "all have: no endpoint is shown before."]
+        return write_outcome(study_dir, lines, outcome)
+    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"])
+    outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
+                "tokens_per_parameter": s["primary_tpp"], "margin": s["margin"],
+                "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}
+    if diverged:
+        lines += [f"Pairs with a diverged run, left out of the test: seeds {', '.join(map(str, diverged))}.", ""]
+    lines += primary_section(pairs, decision, loss, s, baseline, method)
+    family_lines, family = qknorm_family(loss, s, [arm for arm in arms if arm not in out])
+    lines += family_lines
+    outcome["secondary_family"] = family
+    plot_test(study_dir / "verdict_lr_test.png", pairs, family, s, baseline, method)
+    lines += ["", "Plot: `verdict_lr_test.png` (each test seed's Δ, the mean with its interval, the equivalence "
+              "margins; beside it the QK-norm comparisons once they are in)."]
+    write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
+                                                      "non_embedding_parameters", "val_loss", "full_val_loss"])
+    return write_outcome(study_dir, lines, outcome)
+
+
+def design_text(s: dict) -> str:
+    baseline, method = s["primary"]
+    return (f"Selection: the arms {', '.join(s['primary'] + s['secondary'])} at peak lr "
+            f"{', '.join(f'{lr:g}' for lr in s['lrs'])} (min lr = peak x {s['min_lr_ratio']:g}) on seeds "
+            f"{', '.join(map(str, s['selection_seeds']))}; each arm's lr is the one with the lowest mean {s['endpoint']} "
+            f"at {s['primary_tpp']:g} tokens per parameter (an lr with a diverged run is out; a tie goes to the lower "
+            f"lr); a best lr at an edge of what was tried extends the grid by x{s['edge_factor']:g} that way (at most "
+            f"{s['max_extensions']} times), until the best is inside or the next lr diverges. Test: every arm at its "
+            f"selected lr on {len(s['seeds'])} seeds ({s['seeds'][0]}-{s['seeds'][-1]}), the primary arms first; "
+            f"Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed (positive: {method} worse); the "
+            f"mean Δ with its {s['confidence']:.0%} paired t interval and the equivalence test (two one-sided t tests "
+            f"at {s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: nonlinear better; "
+            f"above 0: nonlinear worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
+            f"inconclusive. A test pair with a diverged run leaves the test and is listed.")
+
+
+def lr_curve(picked: dict, s: dict, arms: list[str]) -> dict:
+    """arm -> [{lr, values (per selection seed, None: diverged), mean, low, high}] for every lr it has tried, from
+    the runs' summaries; mean and interval only where every seed ended finite."""
+    curve = {}
+    for arm in arms:
+        rows = []
+        for lr in sorted({lr for (a, lr, _) in picked if a == arm}):
+            values = [picked.get((arm, lr, seed), math.nan) for seed in s["selection_seeds"]]
+            row = {"lr": lr, "values": [None if v is None or not math.isfinite(v) else v for v in values],
+                   "ended": sum((arm, lr, seed) in picked for seed in s["selection_seeds"]),
+                   "diverged": sum(picked.get((arm, lr, seed), 0.0) is None for seed in s["selection_seeds"])}
+            finite = [v for v in row["values"] if v is not None]
+            if len(finite) == len(values):
+                p = paired_difference(finite, [0.0] * len(finite), s["confidence"])
+                row |= {"mean": p["mean"], "low": p["low"], "high": p["high"]}
+            rows.append(row)
+        if rows:
+            curve[arm] = rows
+    return curve
+
+
+def selection_table(curve: dict, chosen: dict, s: dict, arms: list[str]) -> list[str]:
+    lines = [f"| arm | peak lr | runs ended | mean {s['endpoint']} | {s['confidence']:.0%} interval | diverged |",
+             "|---|---|---|---|---|---|"]
+    for arm in arms:
+        for row in curve.get(arm, []):
+            marks = ["extension"] * (row["lr"] not in s["lrs"])
+            marks += ["selected"] * (arm in chosen and chosen[arm]["lr"] == row["lr"])
+            mark = f" ({', '.join(marks)})" if marks else ""
+            mean = f"{row['mean']:.4f}" if "mean" in row else "n/a"
+            interval = f"[{row['low']:.4f}, {row['high']:.4f}]" if "mean" in row else "n/a"
+            lines.append(f"| {arm} | {row['lr']:g}{mark} | {row['ended']} of {len(s['selection_seeds'])} | {mean} | "
+                         f"{interval} | {row['diverged']} |")
+    return lines
+
+
+def paper_protocol_lr(method_lr: float, baseline_lrs: list[float], ratio: float) -> float:
+    """The baseline's lr nearest (on a log scale) to method_lr / ratio; a tie goes to the lower lr."""
+    target = math.log(method_lr / ratio)
+    return min(sorted(baseline_lrs), key=lambda lr: abs(math.log(lr) - target))
+
+
+def selection_comparisons(picked: dict, chosen: dict, s: dict, baseline: str, method: str) -> list[str]:
+    """Declared illustrations on the selection seeds (paired by seed, not tests): method - baseline at every lr both
+    tried (one Holm family), and the paper's protocol (the method at its selected lr, the baseline at the lr nearest
+    to 1/ratio of it)."""
+    seeds = s["selection_seeds"]
+
+    def pair(a: tuple, b: tuple) -> dict:
+        both = [seed for seed in seeds if picked.get((*a, seed)) is not None and picked.get((*b, seed)) is not None]
+        return paired_difference([picked[(*a, seed)] for seed in both], [picked[(*b, seed)] for seed in both],
+                                 s["confidence"])
+
+    shared = sorted({lr for (a, lr, _) in picked if a == method} & {lr for (a, lr, _) in picked if a == baseline})
+    rows = [(lr, pair((method, lr), (baseline, lr))) for lr in shared]
+    adjusted = holm([p["p"] if math.isfinite(p["p"]) else 1.0 for _, p in rows])
+    lines = ["", f"Illustrations on the selection seeds (declared; not tests): {method} - {baseline} at each lr both "
+             f"tried, Holm-adjusted over the {len(rows)} lrs as one family.", "",
+             f"| peak lr | pairs | mean Δ | {s['confidence']:.0%} interval | p | Holm p | reading |",
+             "|---|---|---|---|---|---|---|"]
+    for (lr, p), p_holm in zip(rows, adjusted):
+        lines.append(f"| {lr:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | {p_holm:.3g} | "
+                     f"{reading(p, p_holm, s)} |")
+    method_lr = chosen[method]["lr"]
+    finite = [row["lr"] for row in lr_means_rows(picked, baseline, seeds)]
+    if method_lr is None or not finite:
+        return lines
+    base_lr = paper_protocol_lr(method_lr, finite, s["paper_lr_ratio"])
+    p = pair((method, method_lr), (baseline, base_lr))
+    base_mean = mean_std([picked[(baseline, base_lr, seed)] for seed in seeds])[0]
+    lines += ["", f"The paper's protocol at this scale: {method} at its selected lr {method_lr:g} - {baseline} at "
+              f"{base_lr:g} (the lr it tried nearest to 1/{s['paper_lr_ratio']:g} of it): Δ {p['mean']:+.4f} nats "
+              f"({p['mean'] / base_mean:+.2%} of {baseline}'s {base_mean:.4f}), {s['confidence']:.0%} interval "
+              f"{interval_text(p)}, {p['n']} pairs. The paper reports -1.24% to -2.40% in this sign (negative: lower "
+              "loss)."]
+    return lines
+
+
+def lr_means_rows(picked: dict, arm: str, seeds: list[int]) -> list[dict]:
+    """The lrs where every selection run of the arm ended finite, as rows {lr, mean}."""
+    return [{"lr": lr, "mean": m} for lr, m in lr_means(picked, arm, seeds).items() if m is not None]
+
+
+def reading(p: dict, p_holm: float, s: dict) -> str:
+    if not p_holm < 1 - s["confidence"]:
+        return "within noise"
+    return "lower loss" if p["mean"] < 0 else "higher loss"
+
+
+def qknorm_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list[dict]]:
+    """The declared secondary family on the test seeds, Holm-adjusted together once every test seed has all its
+    arms: [variant, baseline] pairs and the interaction (the query effect with QK-norm minus without)."""
+    tpp, key = s["primary_tpp"], s["endpoint"]
+    complete = [seed for seed in s["seeds"] if all((arm, seed, tpp) in loss for arm in arms)]
+    lines = ["", "## QK-norm arms (declared secondaries on the test seeds; not part of the decision)", ""]
+    if len(complete) < len(s["seeds"]) or len(arms) < 4:
+        return lines + [f"{len(complete)} of {len(s['seeds'])} test seeds have every arm's endpoint; the family is "
+                        "computed once all have."], []
+    value = {(arm, seed): loss[(arm, seed, tpp)][key] for arm in arms for seed in complete}
+    rows = []
+    for member in s["secondary_family"]:
+        if member == "interaction":
+            (nq, lq), (n, ln) = ("nonlinear-qknorm", "linear-qknorm"), s["primary"][::-1]
+            diffs = [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)]) for seed in complete]
+            label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
+            p, base = paired_difference(diffs, [0.0] * len(diffs), s["confidence"]), None
+        else:
+            variant, baseline = member
+            label = f"{variant} - {baseline}"
+            p = paired_difference([value[(variant, seed)] for seed in complete],
+                                  [value[(baseline, seed)] for seed in complete], s["confidence"])
+            base = mean_std([value[(baseline, seed)] for seed in complete])[0]
+        rows.append({"comparison": label, "member": member, "baseline_mean": base, **p})
+    adjusted = holm([r["p"] for r in rows])
+    lines += [f"Holm-adjusted over the {len(rows)} declared comparisons as one family; Δ positive: the first-named "
+              "arm has the higher loss.", "",
+              f"| comparison | pairs | mean Δ | % of the baseline | {s['confidence']:.0%} interval | p | Holm p | reading |",
+              "|---|---|---|---|---|---|---|---|"]
+    for row, p_holm in zip(rows, adjusted):
+        row["holm_p"] = p_holm
+        share = f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a"
+        lines.append(f"| {row['comparison']} | {row['n']} | {row['mean']:+.4f} | {share} | {interval_text(row)} | "
+                     f"{row['p']:.3g} | {p_holm:.3g} | {reading(row, p_holm, s)} |")
+    return lines, rows
+
+
+def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arms: list[str]) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for i, arm in enumerate(arms):
+        nudge = 1 + 0.03 * (i - (len(arms) - 1) / 2)
+        rows = curve.get(arm, [])
+        points = [(row["lr"], v) for row in rows for v in row["values"] if v is not None]
+        ax.scatter([lr * nudge for lr, _ in points], [v for _, v in points], s=10, color=f"C{i}", alpha=0.45)
+        means = [row for row in rows if "mean" in row]
+        ax.errorbar([row["lr"] * nudge for row in means], [row["mean"] for row in means],
+                    yerr=[[row["mean"] - row["low"] for row in means], [row["high"] - row["mean"] for row in means]],
+                    marker="o", ms=4, capsize=3, color=f"C{i}", label=arm)
+        if arm in chosen and chosen[arm]["lr"] is not None:
+            best = next(row for row in rows if row["lr"] == chosen[arm]["lr"])
+            ax.scatter([best["lr"] * nudge], [best["mean"]], s=120, facecolors="none", edgecolors=f"C{i}", lw=1.5)
+    lrs = sorted({row["lr"] for rows in curve.values() for row in rows})
+    ax.set(xscale="log", xlabel="peak lr (min lr = peak / 10)", ylabel=f"{s['endpoint']} (nats)",
+           title=f"verdict-lr selection: seeds {', '.join(map(str, s['selection_seeds']))}, per-seed points, means with "
+                 f"{s['confidence']:.0%} intervals")
+    ax.set_xticks(lrs, labels=[f"{lr:g}" for lr in lrs], fontsize=8)
+    ax.minorticks_off()
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def plot_test(path: Path, pairs: list[tuple], family: list[dict], s: dict, baseline: str, method: str) -> None:
+    deltas = [v - b for _, b, v in pairs]
+    cells = [(f"{method} - {baseline}\n(the test)", deltas)]
+    fig, ax = plt.subplots(figsize=(7.5 if family else 4.0, 4.2))
+    p = paired_difference(deltas, [0.0] * len(deltas), s["confidence"])
+    intervals = [p] + family
+    labels = [cells[0][0]] + [row["comparison"].replace(" - ", " -\n", 1) for row in family]
+    for x, (label, row) in enumerate(zip(labels, intervals)):
+        if x == 0:
+            ax.scatter([x + 0.1 * (i / max(1, len(deltas) - 1) - 0.5) for i in range(len(deltas))], deltas, s=12,
+                       color="grey", alpha=0.7)
+        ax.errorbar([x + 0.2], [row["mean"]], yerr=[[row["mean"] - row["low"]], [row["high"] - row["mean"]]], fmt="o",
+                    capsize=4, color="C0" if x == 0 else "C1")
+    ax.axhline(0.0, color="k", lw=0.8)
+    for sign in (-1, 1):
+        ax.axhline(sign * s["margin"], color="C3", lw=0.8, ls="--")
+    ax.set_xticks(range(len(labels)), labels=labels, fontsize=7)
+    ax.set(ylabel="Δ (nats; positive: the first-named arm is worse)",
+           title=f"verdict-lr test: {len(pairs)} pairs, each arm at its selected lr")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3, axis="y")
+    save_figure(fig, path)

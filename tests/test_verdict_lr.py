@@ -1,0 +1,178 @@
+"""`nlq study verdict-lr` as amended: four arms on one lr grid, the edge rule, the test stages in their order,
+the paper-protocol pairing, and a report whose lr curve is the runs' summaries."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from nlq.studies.verdict_lr import SETTINGS, grid_step
+from nlq.studies.verdict_lr_report import paper_protocol_lr
+
+GRID = SETTINGS["lrs"]
+
+
+def means_of(curve: dict) -> dict:
+    return dict(curve)
+
+
+def test_a_best_lr_inside_the_grid_ends_the_search():
+    step = grid_step({1e-3: 3.1, 2e-3: 3.0, 4e-3: 2.9, 8e-3: 2.95, 1.6e-2: 3.2}, SETTINGS)
+    assert step == {"lr": 4e-3, "next": None, "edge": False}
+
+
+def test_a_best_lr_at_an_edge_extends_the_grid_that_way():
+    assert grid_step({1e-3: 2.8, 2e-3: 2.9, 4e-3: 3.0, 8e-3: 3.1, 1.6e-2: 3.2}, SETTINGS)["next"] == pytest.approx(5e-4)
+    assert grid_step({1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.0, 8e-3: 2.9, 1.6e-2: 2.8}, SETTINGS)["next"] == pytest.approx(3.2e-2)
+    # a tie goes to the lower lr: inside here
+    assert grid_step({1e-3: 3.2, 2e-3: 2.9, 4e-3: 2.9, 8e-3: 3.0, 1.6e-2: 3.1}, SETTINGS)["lr"] == 2e-3
+
+
+def test_a_diverged_extension_stops_the_search_and_the_cap_ends_it_at_the_edge():
+    diverged = {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.0, 8e-3: 2.9, 1.6e-2: 2.8, 3.2e-2: None}
+    assert grid_step(diverged, SETTINGS) == {"lr": 1.6e-2, "next": None, "edge": False}
+    better = {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.0, 8e-3: 2.9, 1.6e-2: 2.8, 3.2e-2: 2.7}
+    assert grid_step(better, SETTINGS)["next"] == pytest.approx(6.4e-2)
+    capped = better | {6.4e-2: 2.6, 1.28e-1: 2.5}  # three extensions made: the best stays at the edge
+    assert grid_step(capped, SETTINGS) == {"lr": 1.28e-1, "next": None, "edge": True}
+    diverged_grid = {lr: None for lr in GRID} | {4e-3: 3.0}
+    assert grid_step(diverged_grid, SETTINGS) == {"lr": 4e-3, "next": None, "edge": False}
+    assert grid_step({lr: None for lr in GRID}, SETTINGS) == {"lr": None, "next": None, "edge": False}
+
+
+def test_the_paper_protocol_pairs_the_method_with_the_baseline_lr_nearest_a_sixth_of_its_own():
+    assert paper_protocol_lr(8e-3, GRID, 6.0) == 1e-3  # 1.33e-3: 1e-3 is nearer than 2e-3 on a log scale
+    assert paper_protocol_lr(1.6e-2, GRID, 6.0) == 2e-3  # 2.67e-3
+    assert paper_protocol_lr(4e-3, GRID, 6.0) == 1e-3  # 6.7e-4, below the grid
+    assert paper_protocol_lr(4e-3, [5e-4, *GRID], 6.0) == 5e-4  # ... unless an extension went there
+    assert paper_protocol_lr(3.6e-3, [6e-4, 1e-3], 6.0) == 6e-4  # the paper's own pair
+
+
+# Each arm's mean endpoint by lr (the fake training below); absent lrs are worse than every listed one.
+LANDSCAPE = {
+    "linear": {5e-4: 2.90, 1e-3: 2.92, 2e-3: 2.95, 2.5e-4: 2.93},  # best below the grid: one extension, then inside
+    "nonlinear": {1.6e-2: 2.88, 8e-3: 2.91},  # best at the top, the next lr diverges
+    "linear-qknorm": {4e-3: 2.87, 2e-3: 2.89, 8e-3: 2.89},  # inside
+    "nonlinear-qknorm": {1.6e-2: 2.86, 3.2e-2: 2.85, 6.4e-2: 2.84, 1.28e-1: 2.83},  # the cap
+}
+
+
+def landscape_loss(arm: str, lr: float, seed: int) -> float:
+    base = next((v for key, v in LANDSCAPE[arm].items() if math.isclose(key, lr)), 3.0 + abs(math.log(lr)) / 100)
+    return base + 0.002 * (seed % 5) - 0.001 * (seed % 3) * (arm == "nonlinear")
+
+
+@pytest.fixture
+def finished_study(byte_data, tmp_path, monkeypatch):
+    from nlq.errors import Diverged
+    from nlq.studies import study as study_module
+    from nlq.studies.registry import get_study
+    from nlq.studies.study import run_study
+
+    trained = []
+
+    def fake_train(config, run_dir):
+        arm = config.model.query + ("-qknorm" if config.model.qk_norm else "")
+        lr, seed = config.train.lr, config.train.seed
+        if arm == "nonlinear" and math.isclose(lr, 3.2e-2) and run_dir.name.endswith("-stable"):
+            raise Diverged("loss is nan at step 7; stopped")
+        trained.append((run_dir.name, arm, lr, seed))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        loss = landscape_loss(arm, lr, seed)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "final_step": config.train.max_steps, "val_loss": loss + 0.01, "full_val_loss": loss, "tokens_per_s": 1.0,
+            "non_embedding_parameters": 1000, "tokens": 1}))
+
+    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    run_study(get_study("verdict-lr"), tmp_path, data_dir=str(byte_data), log=lambda *_: None)
+    return tmp_path, trained
+
+
+def test_verdict_lr_selects_with_the_edge_rule_then_tests_the_primary_arms_first(finished_study, byte_data, monkeypatch):
+    from nlq.studies import study as study_module
+    from nlq.studies.registry import get_study
+    from nlq.studies.study import run_study
+
+    study_dir, trained = finished_study
+    s = SETTINGS
+    budget = [(arm, lr, seed) for name, arm, lr, seed in trained if not name.endswith("-stable")]
+    selection = [(arm, lr) for arm, lr, seed in budget if seed in s["selection_seeds"]]
+    grid_runs = 4 * len(GRID) * 3
+    assert {(arm, lr) for arm, lr in selection[:grid_runs]} == {(a, lr) for a in LANDSCAPE for lr in GRID}
+    extensions = sorted({(arm, round(lr, 6)) for arm, lr in selection[grid_runs:]})
+    assert extensions == [("linear", 0.00025), ("linear", 0.0005), ("nonlinear-qknorm", 0.032),
+                          ("nonlinear-qknorm", 0.064), ("nonlinear-qknorm", 0.128)]  # nonlinear's 0.032 diverged
+    tests = [(arm, lr) for arm, lr, seed in budget if seed in s["seeds"]]
+    assert len(tests) == 4 * len(s["seeds"])
+    assert {arm for arm, _ in tests[:2 * len(s["seeds"])]} == {"linear", "nonlinear"}  # the primary arms first
+    assert {(arm, round(lr, 6)) for arm, lr in tests} == {("linear", 0.0005), ("nonlinear", 0.016),
+                                                         ("linear-qknorm", 0.004), ("nonlinear-qknorm", 0.128)}
+    assert (study_dir / "runs" / "d64-nonlinear-lr0.032-s201-stable" / "diverged.json").is_file()
+    trained_again = []
+    monkeypatch.setattr(study_module, "_train_run", lambda config, run_dir: trained_again.append(run_dir))
+    run_study(get_study("verdict-lr"), study_dir, data_dir=str(byte_data), log=lambda *_: None)
+    assert trained_again == []  # run again: every run finished or diverged, nothing is retrained
+
+
+def test_verdict_lr_report_shows_the_selection_the_test_and_the_qknorm_family(finished_study):
+    from nlq.studies.registry import build_report
+
+    study_dir, _ = finished_study
+    s = SETTINGS
+    markdown = build_report(study_dir)
+    assert "| linear | 0.0005 (extension, selected) | 3 of 3 | 2.9040 | [2.8990, 2.9090] | 0 |" in markdown
+    assert "| nonlinear | 0.032 (extension) | 3 of 3 | n/a | n/a | 3 |" in markdown
+    assert "nonlinear-qknorm 0.128 (at an edge after every extension)" in markdown
+    assert "**Verdict: nonlinear better, by less than 0.037" in markdown  # 2.88 against 2.90
+    assert "linear at 0.002 (the lr it tried nearest to 1/6 of it)" in markdown
+    for label in ("nonlinear-qknorm - linear-qknorm", "linear-qknorm - linear", "linear-qknorm - nonlinear",
+                  "interaction: (nonlinear-qknorm - linear-qknorm) - (nonlinear - linear)"):
+        assert f"| {label} | 16 |" in markdown
+    outcome = json.loads((study_dir / "verdict.json").read_text())
+    assert outcome["decision"]["interval"]["mean"] == pytest.approx(
+        sum(landscape_loss("nonlinear", 1.6e-2, seed) - landscape_loss("linear", 5e-4, seed) for seed in s["seeds"])
+        / len(s["seeds"]))
+    interaction = next(r for r in outcome["secondary_family"] if r["member"] == "interaction")
+    assert interaction["mean"] == pytest.approx((2.83 - 2.87) - (2.88 - 2.90) + 0.001 * sum(
+        seed % 3 for seed in s["seeds"]) / len(s["seeds"]))
+    # the lr curve is the summaries: every selection run's endpoint, in its place
+    for arm, rows in outcome["lr_curve"].items():
+        for row in rows:
+            for seed, value in zip(s["selection_seeds"], row["values"]):
+                summary = study_dir / "runs" / f"d64-tpp300-{arm}-lr{row['lr']:g}-s{seed}" / "summary.json"
+                expected = json.loads(summary.read_text())["full_val_loss"] if summary.is_file() else None
+                assert value == expected
+    assert (study_dir / "verdict_lr_curve.png").stat().st_size > 0 and (study_dir / "verdict_lr_test.png").is_file()
+    assert build_report(study_dir) == markdown  # regenerates byte for byte
+
+
+def test_the_four_arms_of_a_test_seed_share_batches_and_every_initial_weight_their_shapes_share(tmp_path):
+    """Apart from the query, QK-norm and the lr, the four arms' configs are identical (so are their batch plans,
+    which depend on the seed, data and batch fields only); built with their seed, they share every weight they
+    have in common, and the QK-norm gains are the only extra parameters."""
+    from nlq.model import Transformer
+    from nlq.studies.registry import get_study
+    from nlq.studies.verdict_lr import chains
+
+    study = get_study("verdict-lr")
+    lrs = {"linear": [1e-3], "nonlinear": [8e-3], "linear-qknorm": [2e-3], "nonlinear-qknorm": [1.6e-2]}
+    runs = [r for r in chains(study, tmp_path, [211], lrs) if r.labels["stage"] == "budget"]
+    configs = {r.variant.name: r.config([], tmp_path / "data") for r in runs}
+    assert sorted(configs) == sorted(lrs)
+
+    def rest(config) -> dict:
+        d = config.to_dict()
+        d["model"] = {k: v for k, v in d["model"].items() if k not in ("query", "qk_norm")}
+        d["train"] = {k: v for k, v in d["train"].items() if k not in ("lr", "min_lr", "resume_from")}
+        return d
+
+    assert all(rest(c) == rest(configs["linear"]) for c in configs.values())
+    states = {arm: Transformer(c.model, seed=c.train.seed).state_dict() for arm, c in configs.items()}
+    for arm, state in states.items():
+        for other, other_state in states.items():
+            shared = [k for k in state if k in other_state and state[k].shape == other_state[k].shape
+                      and "q_" not in k and "query" not in k]
+            assert shared and all(torch.equal(state[k], other_state[k]) for k in shared), (arm, other)
+    extra = set(states["linear-qknorm"]) - set(states["linear"])
+    assert extra and all("norm" in k for k in extra)
