@@ -7,8 +7,10 @@ For each paired sd and number of pairs: the power of the two-sided paired t test
 difference of the margin, and the power of the equivalence test (TOST, alpha 0.05 each side, +-margin) to
 show equivalence when the true difference is 0.
 
-With --study verdict-lr: the same for `nlq study verdict-lr`, planned from the paired sd the verdict itself
-measured at 300 tokens per parameter (results/verdict), with its upper one-sided 80% bound.
+With --study verdict-lr (as amended on 2026-12-01): the paired sd the verdict measured at 300 tokens per
+parameter (results/verdict) with its upper one-sided 80% bound; then the power of the paired t test to find a
+true difference of 0.02 nats (verdict-lr's planning difference) and of the equivalence test at the margin, for
+several sds and numbers of pairs, and the fewest pairs with at least 70% power at the planning sd 0.03.
 
     python scripts/verdict_power.py [--study verdict-lr]
 """
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from scipy import stats
 
-from nlq.studies.stats import power_equivalence, power_paired_t
+from nlq.studies import verdict_lr
+from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.verdict import SETTINGS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -55,17 +58,24 @@ def main() -> None:
     else:
         interval = json.loads((RESULTS / "verdict" / "verdict.json").read_text())["decision"]["interval"]
         sd, df = interval["sd"], interval["n"] - 1
-        source, pairs, sds = "paired sd of verdict at 300 tokens/param", [8, 10, 12, 14], (0.02, 0.025, 0.03, 0.04, 0.045)
+        source, pairs, sds = "paired sd of verdict at 300 tokens/param", [12, 14, 16, 18, 20], (0.02, 0.025, 0.03, 0.04)
     upper = sd * math.sqrt(df / stats.chi2.ppf(0.2, df))
     print(f"{source}: {sd:.4f} on {df} df; upper one-sided 80% bound {upper:.4f}")
-    margin, alpha, confidence = SETTINGS["margin"], SETTINGS["alpha"], SETTINGS["confidence"]
-    print(f"margin {margin} nats; t test {confidence:.0%} two-sided; TOST alpha {alpha} per side")
+    settings = SETTINGS if args.study == "verdict" else verdict_lr.SETTINGS
+    margin, alpha, confidence = settings["margin"], settings["alpha"], settings["confidence"]
+    effect = settings.get("planning_difference", margin)
+    print(f"true difference {effect} nats for the t test ({confidence:.0%} two-sided); equivalence margin {margin} "
+          f"nats (TOST alpha {alpha} per side, true difference 0)")
     print("| paired sd | " + " | ".join(f"{n} pairs: t test / TOST" for n in pairs) + " |")
     print("|---|" + "---|" * len(pairs))
     for sd in sds:
-        cells = [f"{power_paired_t(margin, sd, n, confidence):.0%} / {power_equivalence(0.0, sd, n, margin, alpha):.0%}"
+        cells = [f"{power_paired_t(effect, sd, n, confidence):.0%} / {power_equivalence(0.0, sd, n, margin, alpha):.0%}"
                  for n in pairs]
         print(f"| {sd:g} | " + " | ".join(cells) + " |")
+    if "planning_power" in settings:
+        n = pairs_needed(effect, settings["planning_sd"], settings["planning_power"], confidence)
+        print(f"fewest pairs with >= {settings['planning_power']:.0%} power to find {effect} nats at sd "
+              f"{settings['planning_sd']}: {n} (registered: {len(settings['seeds'])})")
 
 
 if __name__ == "__main__":

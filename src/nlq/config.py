@@ -206,12 +206,16 @@ class TrainConfig:
     wandb: bool = False
     objective: Literal["clm", "mlm"] = "clm"  # next-token prediction (causal), or BERT-style masked LM (encoder)
     mask_prob: float = 0.15  # mlm: share of positions chosen (80% mask token, 10% random, 10% unchanged)
+    # The training loss's LM head: plain (builds the logits), chunked (PyTorch's F.linear_cross_entropy, never stores
+    # them; docs/PERFORMANCE.md), liger (Liger-Kernel, CUDA), auto (chunked; plain for a task, which needs logits)
+    loss_impl: Literal["auto", "plain", "chunked", "liger"] = "auto"
+    loss_chunk: int = 512  # chunked: rows of the (batch x context) hidden states per chunk
 
     def __post_init__(self) -> None:
         _check_literals(self, "train")
         _check(0 < self.mask_prob < 1, f"train.mask_prob={self.mask_prob} must be in (0, 1)")
         _check(0 <= self.seed < 2**63, f"train.seed={self.seed} must be a non-negative integer")
-        for name in ("max_steps", "batch_size", "eval_every", "log_every", "keep_checkpoints"):
+        for name in ("max_steps", "batch_size", "eval_every", "log_every", "keep_checkpoints", "loss_chunk"):
             value = getattr(self, name)
             _check(value > 0, f"train.{name}={value} must be a positive integer")
         _check(self.batch_tokens is None or self.batch_tokens > 0, f"train.batch_tokens={self.batch_tokens} must be > 0")

@@ -166,6 +166,21 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, impl: str,
+              chunk: int) -> torch.Tensor:
+    """Mean cross-entropy of hidden (N, C) @ weight (V, C).T against targets (N,), without storing the (N, V)
+    logits: "chunked" is PyTorch's own F.linear_cross_entropy over chunks of rows; "liger" is Liger-Kernel's fused
+    kernel (CUDA only; pip install liger-kernel)."""
+    if impl == "chunked":
+        return F.linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index,
+                                      options=torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk))
+    if impl == "liger":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        return LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index)(weight, hidden, targets)
+    raise ValueError(f"loss_impl={impl!r} is not one of plain, chunked, liger")
+
+
 class Transformer(nn.Module):
     """seed: initialise every weight from its own generator, seeded by (seed, parameter name), so that two
     variants built with the same seed share every weight they have in common (embeddings, K/V, output,
@@ -212,10 +227,14 @@ class Transformer(nn.Module):
         padding_mask: torch.Tensor | None = None,
         ignore_index: int = -100,
         positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        loss_impl: str = "plain",
+        loss_chunk: int = 512,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids; targets (B, T) or None; padding_mask (B, T) bool, True at real tokens;
         positions (B, T) each token's position (left padding shifts them), default 0 .. T - 1.
-        Returns logits (B, T, V) and the mean cross-entropy over targets != ignore_index (or None)."""
+        Returns logits (B, T, V) and the mean cross-entropy over targets != ignore_index (or None).
+        loss_impl (with targets): "plain" builds the logits; "chunked" (PyTorch's F.linear_cross_entropy, rows in
+        chunks of loss_chunk) and "liger" (Liger-Kernel's fused kernel, CUDA) never store them and return None."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than model.block_size={self.cfg.block_size}")
@@ -233,7 +252,11 @@ class Transformer(nn.Module):
         attn_mask = self._attention_mask(padding_mask, T)
         for block in self.blocks:
             x = block(x, attn_mask, rotary)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        x = self.ln_f(x)  # (B, T, C)
+        if targets is not None and loss_impl != "plain":
+            return None, head_loss(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1), ignore_index,
+                                   loss_impl, loss_chunk)
+        logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=ignore_index)

@@ -45,7 +45,8 @@ def cpu_base() -> RunConfig:
     return update(config, {
         "model": {"vocab_size": 2048},
         "train": {"max_steps": 600, "batch_size": 16, "lr": 2e-3, "min_lr": 2e-4, "warmup_steps": 50,
-                  "eval_every": 100, "checkpoint_every": 100, "keep_checkpoints": 1, "log_every": 50},
+                  "eval_every": 100, "checkpoint_every": 100, "keep_checkpoints": 1, "log_every": 50,
+                  "loss_impl": "plain"},  # as when its results were made (train.loss_impl came later)
         "data": {"eval_windows": 256},
     })
 

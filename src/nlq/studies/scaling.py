@@ -46,7 +46,8 @@ def base() -> RunConfig:
     return update(config, {
         "model": {"vocab_size": 2048, "block_size": 128},
         "train": {"batch_size": 16, "schedule": "wsd", "cooldown_fraction": 0.2, "warmup_steps": 50,
-                  "weight_decay": 0.1, "log_every": 100, "keep_checkpoints": 1, "checkpoint_every": 0},
+                  "weight_decay": 0.1, "log_every": 100, "keep_checkpoints": 1, "checkpoint_every": 0,
+                  "loss_impl": "plain"},  # as when scaling and the verdict ran (train.loss_impl came later)
         "data": {"eval_windows": 128},  # 16k tokens: bounded eval cost
     })
 

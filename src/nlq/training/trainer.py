@@ -9,6 +9,7 @@ beside it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import time
 from dataclasses import asdict
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nlq.config import RunConfig, TrainConfig
+from nlq.config import RunConfig, TrainConfig, update
 from nlq.data.batches import IGNORE
 from nlq.errors import Diverged, PeerFailure, UserError
 from nlq.fileio import remove_stale
@@ -48,6 +49,26 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
+def loss_impl(config: RunConfig, scores_answers: bool, device: torch.device) -> str:
+    """train.loss_impl resolved for this run ("auto": chunked where this torch has F.linear_cross_entropy, plain for
+    a synthetic task, whose answer accuracy needs the logits); a combination that cannot work is a one-line error."""
+    impl, chunked_here = config.train.loss_impl, hasattr(torch.nn.functional, "linear_cross_entropy")
+    if impl == "auto":
+        return "chunked" if chunked_here and not scores_answers else "plain"
+    if impl != "plain" and scores_answers:
+        raise UserError(f"train.loss_impl={impl} never builds the logits, and data.task={config.data.task} scores its "
+                        f"answers from them; use train.loss_impl=plain (or auto)")
+    if impl == "chunked" and not chunked_here:
+        raise UserError(f"train.loss_impl=chunked needs torch >= 2.13 (F.linear_cross_entropy); this is torch "
+                        f"{torch.__version__}: upgrade torch or use train.loss_impl=plain")
+    if impl == "liger" and device.type != "cuda":
+        raise UserError(f"train.loss_impl=liger is Liger-Kernel's CUDA kernel and this run is on {device.type}; use "
+                        f"train.loss_impl=chunked (PyTorch's own) there")
+    if impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        raise UserError("train.loss_impl=liger needs Liger-Kernel: pip install 'nlq[liger]' (or liger-kernel)")
+    return impl
+
+
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: bool = False) -> dict:
     """Train one run into run_dir; returns its summary. Joins the process group under torchrun."""
     env = distributed.init(config.dist, config.train.device)
@@ -75,9 +96,11 @@ def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: b
 
 class Trainer:
     def __init__(self, config: RunConfig, run_dir: Path, env: DistEnv, resume: bool, quiet: bool):
+        self.inputs = load_inputs(config)  # a corpus or a synthetic task; checked before any compute
+        resolved = loss_impl(config, self.inputs.scores_answers, env.device)
+        config = update(config, {"train": {"loss_impl": resolved}})  # config.json records the loss that ran
         self.config, self.run_dir, self.env, self.quiet = config, run_dir, env, quiet
         cfg, tcfg = config, config.train
-        self.inputs = load_inputs(cfg)  # a corpus or a synthetic task; checked before any compute
         self.spec = batch_spec(tcfg, cfg.model.block_size, env.world)
         check_memory(cfg, self.spec.micro_rows, env.device)
         self.dtype = autocast_dtype(tcfg, env.device)  # refuses bf16 where the CPU has none, before any write
@@ -217,7 +240,8 @@ class Trainer:
             x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
             sync = micro == accum - 1 or not hasattr(self.train_model, "no_sync")
             with (contextlib.nullcontext() if sync else self.train_model.no_sync()), autocast(env.device, self.dtype):
-                logits, loss = self.train_model(x, y)
+                logits, loss = self.train_model(x, y, loss_impl=self.config.train.loss_impl,
+                                                loss_chunk=self.config.train.loss_chunk)
             (loss / accum).backward()
             totals[0] += loss.detach()
             if self.inputs.scores_answers:  # accuracy on the answer positions
