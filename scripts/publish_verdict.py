@@ -1,12 +1,15 @@
-"""Publish the verdict study's state into the repository: copy its finished runs to results/verdict, regenerate
-the report there, paste it into docs/RESULTS.md and write the status (or, once every registered pair is in, the
-verdict and its numbers) at the top of docs/RESULTS.md and in the README. Every number comes from the report's
-verdict.json; before all pairs are in, only how many have finished is written.
+"""Publish a pre-registered study's state into the repository (`verdict`, or `verdict-lr` with --study): copy its
+finished runs to results/NAME, regenerate the report there, paste it into docs/RESULTS.md and write the status (or,
+once every registered pair is in, the decision and its numbers, with its scope) at the top of docs/RESULTS.md and
+in the README. Every number comes from the report's verdict.json and the study's study.json; before all pairs are
+in, only how many have finished is written.
 
-    python scripts/publish_verdict.py STUDY_DIR [--results results/verdict] [--where "2 CPU cores"]
+    python scripts/publish_verdict.py STUDY_DIR [--study verdict|verdict-lr] [--results results/NAME]
+                                      [--where "2 CPU cores"] [--when "2026-12-01 02:45 UTC"]
 
-The blocks it writes lie between <!-- verdict-status --> / <!-- /verdict-status --> (README.md and the top of
-docs/RESULTS.md) and <!-- verdict-report --> / <!-- /verdict-report --> (docs/RESULTS.md); nothing else changes.
+The blocks it writes lie between <!-- NAME-status --> / <!-- /NAME-status --> (README.md and the top of
+docs/RESULTS.md) and <!-- NAME-report --> / <!-- /NAME-report --> (docs/RESULTS.md); nothing else changes.
+Sign convention: Δ = variant - baseline in nats, positive = worse; a percentage beside it has Δ's sign.
 """
 
 import argparse
@@ -39,54 +42,96 @@ def demote(markdown: str, levels: int = 2) -> str:
     return re.sub(r"^(#+) ", lambda m: "#" * (len(m.group(1)) + levels) + " ", markdown, flags=re.MULTILINE)
 
 
-def status_text(outcome: dict, when: str, where: str, results: str) -> str:
+def scope(study: dict) -> str:
+    """The setting a decision holds in, from study.json: shape, head size, corpus, tokens per parameter."""
+    settings, meta = study.get("settings") or {}, study.get("data_meta") or {}
+    shape = settings.get("shape") or {"n_layer": "?", "n_embd": 0, "n_head": 1}
+    corpus = "Python source (pypkg)" if str(meta.get("source", "")).startswith("pypkg") else meta.get("source")
+    return (f"{shape['n_layer']} layers, d {shape['n_embd']}, head dim {shape['n_embd'] // shape['n_head']}, {corpus}, "
+            f"{meta.get('tokenizer')}, {settings.get('primary_tpp', '?')} tokens per parameter")
+
+
+def decision_text(outcome: dict) -> str:
+    d, tost = outcome["decision"], outcome["decision"]["tost"]
+    i = d["interval"]
+    return (f"Δ = {outcome['endpoint']}({outcome['variant']}) - {outcome['endpoint']}({outcome['baseline']}): "
+            f"{i['mean']:+.4f} nats, 95% interval {interval_text(i)} ({i['mean'] / outcome['baseline_mean']:+.2%} of "
+            f"{outcome['baseline']}'s {outcome['baseline_mean']:.4f} nats, positive = worse; the paper, in this sign: "
+            f"-1.24% to -2.40%); equivalence within ±{outcome['margin']:g} {'shown' if tost['equivalent'] else 'not shown'} "
+            f"(two one-sided tests, p = {tost['p']:.3g}).")
+
+
+def status_text(outcome: dict, study: dict, when: str, where: str, results: str) -> str:
     registered, finished = outcome["registered_pairs"], outcome["finished_pairs"]
     arms = list(finished)
     primary, secondary = arms[0], arms[1:]
+    name = study["name"]
+    if name == "verdict-lr":
+        return _verdict_lr_status(outcome, study, when, where, results)
     if "decision" not in outcome:
         return (f"Status ({when}): running on {where}, {finished[primary]} of {registered} pairs finished "
                 f"(`{results}`); no outcome is shown before all {registered} have.")
-    d, tost = outcome["decision"], outcome["decision"]["tost"]
-    i = d["interval"]
-    text = (f"**Verdict ({when}, `nlq study verdict` as pre-registered, {registered} pairs, {where}): {d['words']}.** "
-            f"Δ = {outcome['endpoint']}({outcome['variant']}) - {outcome['endpoint']}({outcome['baseline']}) at "
-            f"{outcome['tokens_per_parameter']:g} tokens per parameter: {i['mean']:+.4f} nats, 95% interval "
-            f"{interval_text(i)} ({i['mean'] / outcome['baseline_mean']:+.2%} of {outcome['baseline']}'s "
-            f"{outcome['baseline_mean']:.4f} nats; the paper: -1.24% to -2.40%); equivalence within ±{outcome['margin']:g} "
-            f"{'shown' if tost['equivalent'] else 'not shown'} (two one-sided tests, p = {tost['p']:.3g}). "
-            f"`nlq report {results}` regenerates it.")
+    text = (f"**Verdict ({when}, `nlq study verdict` as pre-registered, {registered} pairs, {where}; {scope(study)}; "
+            f"both at one peak lr, {study['settings']['lr']:g}): {outcome['decision']['words']}.** "
+            f"{decision_text(outcome)} `nlq report {results}` regenerates it.")
     pending = [f"{arm} {finished[arm]} of {registered}" for arm in secondary if finished[arm] < registered]
     if pending:
         text += f" Secondary arms still running ({', '.join(pending)} pairs); they do not change the verdict."
     return text
 
 
+def _verdict_lr_status(outcome: dict, study: dict, when: str, where: str, results: str) -> str:
+    s = study["settings"]
+    arms = s["primary"] + s["secondary"]
+    grid_runs = len(arms) * len(s["lrs"]) * len(s["selection_seeds"])
+    ended = sum(row["ended"] for arm in arms for row in (outcome.get("lr_curve") or {}).get(arm, [])
+                if row["lr"] in s["lrs"])
+    if "decision" not in outcome:
+        test = f"{outcome['finished_pairs'][s['primary'][1]]} of {outcome['registered_pairs']} test pairs"
+        return (f"Each arm at its own lr: `nlq study verdict-lr` (pre-registered, amended before its first run) is "
+                f"running on {where} (status {when}): selection {ended} of {grid_runs} grid runs ended, {test} "
+                f"(`{results}`); no test endpoint is shown before all {outcome['registered_pairs']} primary pairs have "
+                f"ended.")
+    lrs = ", ".join(f"{arm} {lr:g}" for arm, lr in outcome["selected_lrs"].items() if lr is not None)
+    return (f"**Each at its own lr ({when}, `nlq study verdict-lr` as pre-registered and amended, "
+            f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
+            f"{outcome['decision']['words']}.** {decision_text(outcome)} `nlq report {results}` regenerates it.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("study_dir", type=Path)
-    parser.add_argument("--results", type=Path, default=ROOT / "results" / "verdict")
+    parser.add_argument("--study", choices=["verdict", "verdict-lr"], default="verdict")
+    parser.add_argument("--results", type=Path, help="default: results/NAME")
     parser.add_argument("--where", default="2 CPU cores", help="the hardware, in a few words")
+    parser.add_argument("--when", help="the time the status is dated (default: now, UTC)")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--results-md", type=Path, default=ROOT / "docs" / "RESULTS.md")
     args = parser.parse_args()
-    copied = collect(args.study_dir, args.results)
-    report = build_report(args.results)
-    outcome = json.loads((args.results / "verdict.json").read_text())
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    results = args.results or ROOT / "results" / args.study
+    copied = collect(args.study_dir, results)
+    report = build_report(results)
+    outcome = json.loads((results / "verdict.json").read_text())
+    study = json.loads((results / "study.json").read_text())
+    when = args.when or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     try:
-        shown = args.results.resolve().relative_to(ROOT).as_posix()
+        shown = results.resolve().relative_to(ROOT).as_posix()
     except ValueError:
-        shown = str(args.results)
-    status = status_text(outcome, when, args.where, shown)
+        shown = str(results)
+    status = status_text(outcome, study, when, args.where, shown)
+    tag = args.study
     readme = args.readme.read_text()
-    atomic_write(args.readme, replace_block(readme, "verdict-status", status, args.readme))
-    text = replace_block(args.results_md.read_text(), "verdict-status", status, args.results_md)
+    atomic_write(args.readme, replace_block(readme, f"{tag}-status", status, args.readme))
+    text = replace_block(args.results_md.read_text(), f"{tag}-status", status, args.results_md)
     body = demote(report).strip()
-    plot = args.results / "verdict_deltas.png"
-    if "decision" in outcome and plot.is_file():
-        body += f"\n\n![per-seed Δ with the mean and its interval]({os.path.relpath(plot, args.results_md.parent)})"
-    atomic_write(args.results_md, replace_block(text, "verdict-report", "\n" + body + "\n", args.results_md))
-    print(f"{copied} finished runs -> {args.results}; {args.readme} and {args.results_md}: {status}")
+    plots = {"verdict": [("verdict_deltas.png", "per-seed Δ with the mean and its interval")],
+             "verdict-lr": [("verdict_lr_curve.png", "the lr curve of every arm on the selection seeds"),
+                            ("verdict_lr_test.png", "per-seed Δ of the test with the mean and its interval")]}[tag]
+    for name, words in plots:
+        if (results / name).is_file() and (name != "verdict_deltas.png" or "decision" in outcome):
+            body += f"\n\n![{words}]({os.path.relpath(results / name, args.results_md.parent)})"
+    atomic_write(args.results_md, replace_block(text, f"{tag}-report", "\n" + body + "\n", args.results_md))
+    print(f"{copied} finished runs -> {results}; {args.readme} and {args.results_md}: {status}")
 
 
 if __name__ == "__main__":

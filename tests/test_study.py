@@ -7,7 +7,7 @@ import pytest
 
 from conftest import tiny_run_config
 from nlq.studies.registry import build_report, get_study
-from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change
+from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change, relative_delta
 from nlq.studies.study import DataSpec, Study, Variant, run_study
 
 TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
@@ -115,7 +115,8 @@ def test_paired_difference_matches_hand_computation():
 
 
 def test_relative_change_and_parameter_fit():
-    assert relative_change(3.0, 2.94) == pytest.approx(0.02)
+    assert relative_change(3.0, 2.94) == pytest.approx(0.02)  # an improvement
+    assert relative_delta(3.0, 2.94) == pytest.approx(-0.02)  # what the reports print: the sign of Δ
     fit = fit_loss_vs_params([math.e, math.e ** 2, math.e ** 3], [3.0, 2.0, 1.0])
     assert fit == pytest.approx((4.0, -1.0))
     assert equivalent_params(fit, 2.5) == pytest.approx(math.e ** 1.5)
@@ -147,8 +148,9 @@ def test_report_numbers_on_synthetic_runs(tmp_path):
         "wide": {1: (2000, 2.8), 2: (2000, 2.9)},
     })
     markdown = build_report(tmp_path)
-    # nonlinear: mean 2.95 vs 3.05 -> (3.05 - 2.95) / 3.05 = +3.28%; ppl: (e^3.05 - e^2.95) / e^3.05 = 1 - e^-0.1 = +9.52%
-    assert "| nonlinear | 0.001 | 2 | 1,000 | +0.00% | 2.9500 ± 0.0707 | 19.11 | +3.28% | +9.52% | 1,000 |" in markdown
+    # nonlinear: mean 2.95 vs 3.05 -> (2.95 - 3.05) / 3.05 = -3.28% (lower: negative, Δ's sign);
+    # ppl: (e^2.95 - e^3.05) / e^3.05 = e^-0.1 - 1 = -9.52%
+    assert "| nonlinear | 0.001 | 2 | 1,000 | +0.00% | 2.9500 ± 0.0707 | 19.11 | -3.28% | -9.52% | 1,000 |" in markdown
     # paired: d = [-0.1, -0.1], sd 0 -> interval collapses to the mean, verdict better (Holm over the 2 variants)
     row = next(line for line in markdown.splitlines() if line.startswith("| nonlinear | 2 |"))
     assert row.startswith("| nonlinear | 2 | -0.1000 | [-0.1000, -0.1000] |") and row.endswith("| better |"), row

@@ -2,7 +2,7 @@
 seeds (x peak lrs) on one budget, and their report.
 
 The report: per variant its non-embedding parameters (and % vs baseline), final val loss mean and std over
-seeds, perplexity, relative change vs baseline in log-loss and perplexity ((base - variant) / base), tokens/s;
+seeds, perplexity, relative change vs baseline in log-loss and perplexity ((variant - base) / base: positive is worse), tokens/s;
 paired differences vs the baseline over seeds, with 95% t intervals, Holm-adjusted over the variants; parameter
 equivalence (val loss against log(non-embedding parameters) over the baseline width family); plots
 val_curves.png, loss_vs_params.png and paired_curves.png. With several peak lrs, each variant is compared at
@@ -23,7 +23,7 @@ from nlq.errors import UserError
 from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.studies.plots import plt, save_figure
-from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_change
+from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
 from nlq.studies.study import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, DataSpec, Study, Variant
 from nlq.studies.tables import RunResult, best_lr, interval_text, load_results
 
@@ -136,7 +136,7 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
             "params_vs_base": runs[0].params / base_params - 1, "val_loss": mean,
             "val_loss_std": float(np.std(losses, ddof=1)) if len(losses) > 1 else math.nan,
             "ppl": math.exp(mean), "bpb": float(np.mean([r.val_bpb for r in runs])),
-            "d_loss": relative_change(base_loss, mean), "d_ppl": relative_change(math.exp(base_loss), math.exp(mean)),
+            "d_loss": relative_delta(base_loss, mean), "d_ppl": relative_delta(math.exp(base_loss), math.exp(mean)),
             "tokens_per_s": float(np.median([r.tokens_per_s for r in runs])),
             "acc": float(np.mean([r.val_acc for r in runs])) if all(r.val_acc is not None for r in runs) else None,
         })
@@ -163,7 +163,7 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
     sweep = study.get("lrs")
     with_acc = all(r["acc"] is not None for r in rows)  # next-token or masked-token accuracy, when logged
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
-             f"{n_runs} finished runs. Relative change = (baseline - variant) / baseline; positive is better."
+             f"{n_runs} finished runs. Relative change = (variant - baseline) / baseline, the sign of Δ: positive is worse."
              + (" Each variant at its best peak lr of " + ", ".join(f"{x:g}" for x in sweep) + "." if sweep else ""),
              "", "| variant | lr | seeds | non-emb params | vs base | val loss (mean ± std) | ppl | Δ log-loss | Δ ppl | tokens/s |"
              + (" val accuracy |" if with_acc else ""), "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]

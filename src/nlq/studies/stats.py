@@ -149,8 +149,15 @@ def power_equivalence(true: float, sd: float, n: int, margin: float, alpha: floa
 
 
 def relative_change(baseline: float, variant: float) -> float:
-    """(baseline - variant) / baseline: positive means the variant is lower (better)."""
+    """(baseline - variant) / baseline, the relative improvement: positive means the variant is lower (better).
+    The reports print relative_delta, which carries Δ's sign."""
     return (baseline - variant) / baseline
+
+
+def relative_delta(baseline: float, variant: float) -> float:
+    """(variant - baseline) / baseline: the sign of Δ = variant - baseline, positive means the variant is higher
+    (worse); the one convention of every report (the paper's -1.24% and -2.40% are in it)."""
+    return (variant - baseline) / baseline
 
 
 def fit_loss_vs_params(params: list[float], losses: list[float]) -> tuple[float, float] | None:
