@@ -259,3 +259,26 @@ def test_a_malicious_checkpoint_in_a_run_is_not_loaded_and_not_called_corrupt(ru
                pickle_protocol=pickle.HIGHEST_PROTOCOL)
     refused(capsys, ["eval", run / "checkpoints"], "was not loaded")
     assert not (tmp_path / "pwned").exists()
+
+
+# ---- issue "plans", item 9: two inputs an outside probe still found ------------------------------------------------
+
+def test_export_into_a_symlink_loop_is_one_line_and_writes_nothing(run_dir, tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")  # points at itself
+    before = sorted(p.name for p in tmp_path.iterdir())
+    refused(capsys, ["export", run_dir, "--to", "hf", loop], "symlink loop")
+    refused(capsys, ["export", run_dir, "--to", "hf", loop / "inside"], "symlink loop")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("key,value", [("n_embd", "16"), ("n_layer", 2.0), ("dropout", "0.1"), ("scale", "0.125")])
+def test_a_paper_checkpoint_with_a_string_for_a_number_is_refused(tmp_path, capsys, key, value):
+    from test_interop import paper_checkpoint
+
+    ckpt = paper_checkpoint("residual_gelu")
+    ckpt["model_args"][key] = value
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    needle = {"scale": "attn_scale"}.get(key, key)
+    refused(capsys, ["import-checkpoint", tmp_path / "ckpt.pt", "--out", tmp_path / "run"], needle)
+    assert not (tmp_path / "run").exists()

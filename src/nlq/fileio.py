@@ -90,9 +90,18 @@ def stale_siblings(out: Path) -> str:
     return f".{Path(out).name}.tmp-*"
 
 
+def real_path(path: Path) -> Path:
+    """path with every symlink resolved; a symlink loop is a one-line error naming the path."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as e:  # Python raises RuntimeError("Symlink loop ...") for a loop
+        raise UserError(f"{path} cannot be resolved ({str(e).splitlines()[0][:120]}): a symlink loop or an unreadable "
+                        f"link; choose a plain directory") from None
+
+
 def overlaps(a: Path, b: Path) -> bool:
     """Whether two paths are the same directory or one lies inside the other (after resolving symlinks)."""
-    a, b = Path(a).resolve(), Path(b).resolve()
+    a, b = real_path(a), real_path(b)
     return a == b or a in b.parents or b in a.parents
 
 

@@ -30,7 +30,18 @@ MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Runtim
 
 def _checked_model(fields: dict, where: str) -> ModelConfig:
     """The ModelConfig the fields describe (one-line errors for bad values), refused before anything is built if
-    its weights would not fit in memory."""
+    its weights would not fit in memory. A checkpoint's settings are values, not command-line text: a string where
+    a number belongs (n_embd "64") is an error, not converted."""
+    defaults = ModelConfig()
+    for key, value in fields.items():
+        kind = type(getattr(defaults, key, None))
+        wrong = (kind is bool and not isinstance(value, bool)) or (kind in (int, float) and (
+            isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)))) or (
+            kind is type(None) and isinstance(value, str))
+        if wrong:
+            raise UserError(f"{where}: its model setting {key} is {value!r} ({type(value).__name__}), not "
+                            f"{'an integer' if kind is int else 'a number' if kind is float else 'true or false'}; "
+                            f"the file was not written by the code it claims, or was edited: nothing imported")
     model = update(RunConfig(), {"model": fields}).model
     ckpt.check_model_fits(model, where)
     return model
