@@ -331,3 +331,29 @@ def test_a_shard_waits_while_another_prepares_the_study_data(tmp_path, monkeypat
     calls.clear()
     with pytest.raises(LockHeld):  # not a shard: the one-line error, as before
         study_module.prepare_study_data(study, tmp_path, None, messages.append)
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["study", "scaling", "--train.lr=1e-3"], "train.lr"),  # the swept lrs
+    (["study", "cpu", "--model.query=identity"], "model.query"),  # each variant's query
+    (["study", "cpu", "--model.projections.q=identity"], "model.projections.q"),  # ... under its other name
+    (["study", "verdict", "--train.seed=5"], "train.seed"),
+    (["study", "verdict", "--train.max_steps=10"], "train.max_steps"),  # a budget's steps
+])
+def test_an_override_of_a_field_the_study_sets_per_run_is_refused(byte_data, tmp_path, capsys, argv, field):
+    from nlq.cli import main
+
+    for extra in (["--dry-run"], []):
+        with pytest.raises(SystemExit) as info:
+            main([*argv, "--out", str(tmp_path / "s"), "--data", str(byte_data), *extra])
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and len(err.splitlines()) == 1 and f"--{field} would overrule" in err, err
+    assert not (tmp_path / "s" / "runs").exists()
+
+
+def test_an_override_of_a_field_the_study_leaves_alone_is_allowed(byte_data, tmp_path, capsys):
+    from nlq.cli import main
+
+    main(["study", "verdict", "--out", str(tmp_path / "s"), "--data", str(byte_data), "--train.device=cpu",
+          "--dry-run"])
+    assert "device cpu" in capsys.readouterr().out

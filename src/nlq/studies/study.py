@@ -21,7 +21,7 @@ from nlq.config import RunConfig, update
 from nlq.data.shards import prepare
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
-from nlq.overrides import apply_overrides
+from nlq.overrides import apply_overrides, parse_overrides
 from nlq.provenance import code_version
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
@@ -140,6 +140,35 @@ def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=
             time.sleep(WAIT_POLL_S)
 
 
+def dotted_keys(changes: dict, prefix: str = "") -> set[str]:
+    """{"model": {"query": "x", "projections": {"q": "y"}}} -> {"model.query", "model.projections.q"}."""
+    keys = set()
+    for key, value in changes.items():
+        keys |= dotted_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
+    return keys
+
+
+ALIASES = {"model.projections.q": "model.query"}  # two names of one field
+
+
+def check_overrides(study: Study, runs: list[Run], overrides: list[str]) -> None:
+    """A command-line override of a field the study sets per arm or per run (its design: the query of each variant,
+    the swept lrs, the seeds, a budget's steps) would silently overrule it while the run names still say otherwise:
+    a one-line error naming the field. Fields the study leaves alone may be overridden (they are recorded)."""
+    designed = set()
+    for run in runs:
+        designed |= dotted_keys(run.variant.changes) | dotted_keys(run.changes) | {"train.seed"}
+        if run.lr is not None:
+            designed |= {"train.lr", "train.min_lr"}
+    designed = {ALIASES.get(k, k) for k in designed}
+    clash = sorted(k for k in dotted_keys(parse_overrides(overrides)) if ALIASES.get(k, k) in designed)
+    if clash:
+        raise UserError(f"--{clash[0]} would overrule what study {study.name} sets per arm or run "
+                        f"({', '.join(clash)} {'is' if len(clash) == 1 else 'are'} part of its design); leave "
+                        f"{'it' if len(clash) == 1 else 'them'} out, or define a study (or plan) that varies "
+                        f"{'it' if len(clash) == 1 else 'them'}")
+
+
 def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
               log=print, shard: tuple[int, int] | None = None) -> list[Path]:
     """Run (or continue) every run of the study, stage by stage; returns the run directories.
@@ -153,6 +182,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
     done_dirs, started, recorded = [], time.perf_counter(), []
     for number, stage in enumerate(study.run_stages(study_dir), start=1):
+        check_overrides(study, stage, overrides)
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
         recorded += [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
                      for r, c in zip(stage, configs)]
@@ -203,6 +233,7 @@ def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None =
         except (UserError, OSError, KeyError):
             lines.append(f"stage {number}: depends on the results of stage {number - 1}, which are not there yet")
             break
+        check_overrides(study, stage, overrides)
         mine = shard_indices(stage, *shard) if shard else range(len(stage))
         lines.append(f"stage {number}: {len(mine)} of {len(stage)} runs")
         planned: dict[str, int] = {}  # run name -> the step an earlier segment of it will have reached
