@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from nlq.config import ModelConfig, RunConfig, TrainConfig
@@ -96,3 +98,21 @@ def test_config_file_layers_over_the_preset_and_a_resumed_runs_config(byte_data,
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["train"]["lr"] == 0.01 and saved["train"]["max_steps"] == 4  # from the file
     assert saved["model"]["n_embd"] == 64 and saved["data"]["dir"] == str(byte_data.resolve())  # kept from the run
+
+
+def test_projections_q_is_another_name_of_model_query_resolved_when_read(byte_data, tmp_path, capsys):
+    """--model.projections.q=nonlinear trains, logs and records query=nonlinear: one name per field."""
+    from nlq.cli import main
+    from nlq.config import RunConfig
+    from nlq.overrides import apply_overrides
+
+    config = apply_overrides(RunConfig(), ["--model.projections.q=nonlinear"])
+    assert config.model.query == "nonlinear" and config.model.projections.q is None
+    assert config.model.placements["q"] == "nonlinear"
+    assert RunConfig.from_dict(config.to_dict()) == config
+    main(["train", "--data", str(byte_data), "--out", str(tmp_path / "run"), "--preset", "nano", "--model.vocab_size=257",
+          "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=2", "--train.max_steps=1",
+          "--train.batch_size=2", "--data.eval_windows=2", "--model.projections.q=nonlinear"])
+    assert "query=nonlinear" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
+    assert saved["query"] == "nonlinear" and saved["projections"]["q"] is None

@@ -51,8 +51,7 @@ def _check_literals(section: Any, prefix: str) -> None:
 
 @dataclass
 class ProjectionsConfig:
-    """Which projection (projections.py) computes each of Q, K, V and the attention output.
-    q=None means model.query, the shorthand for the query."""
+    """Which projection (projections.py) computes Q, K, V and the output; q is model.query's other name (moved there)."""
 
     q: str | None = None
     k: str = "linear"
@@ -96,6 +95,8 @@ class ModelConfig:
     n_kv_head: int | None = None  # grouped-query attention: key/value heads; None means n_head
 
     def __post_init__(self) -> None:
+        if self.projections.q is not None:  # one name per field: model.projections.q is read as model.query
+            self.query, self.projections = self.projections.q, dataclasses.replace(self.projections, q=None)
         _check_literals(self, "model")
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
