@@ -120,7 +120,7 @@ def test_power_of_the_paired_t_test_matches_a_simulation():
 
 
 def test_the_gpu_command_line_dry_runs_on_a_cpu(byte_data, tmp_path, capsys):
-    """What scripts/verdict_gpu.sh starts per shard, as a dry run: each shard's runs on cuda, the totals; no training,
+    """What `nlq study verdict --shards 14 --train.device=cuda` starts per shard, as a dry run: each shard's runs on cuda, the totals; no training,
     nothing written. Every chain lands on exactly one of the 14 shards."""
     from nlq.cli import main
 

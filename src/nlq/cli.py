@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 from nlq.errors import PeerFailure, TrainingError, UserError
 
@@ -147,12 +148,25 @@ def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.study import parse_shard, plan_text, run_study
 
+    from nlq.studies.launch import run_shards, slurm_shard
+
     study = get_study(args.name)
-    shard = parse_shard(args.shard) if args.shard is not None else None
-    if args.dry_run:
-        print(plan_text(study, args.out, overrides, data_dir=args.data, shard=shard))
+    if args.shards is not None and args.shard is not None:
+        raise UserError("give --shards N (start N shard processes here) or --shard K/N (be one of them), not both")
+    if args.shards is not None and not args.dry_run:  # this process starts the shards and writes the report
+        argv = ["study", args.name, "--out", str(args.out), *(["--data", str(args.data)] if args.data else []), *overrides]
+        run_shards(argv, args.shards, Path(args.out))
+        build_report(args.out)
+        print(f"report: {args.out}/report.md")
         return
-    run_study(study, args.out, overrides, data_dir=args.data, shard=shard)
+    shards = [(k, args.shards) for k in range(1, args.shards + 1)] if args.shards else [None]
+    if args.shard is not None:
+        shards = [slurm_shard() if args.shard == "auto" else parse_shard(args.shard)]
+    if args.dry_run:
+        for shard in shards:
+            print(plan_text(study, args.out, overrides, data_dir=args.data, shard=shard))
+        return
+    run_study(study, args.out, overrides, data_dir=args.data, shard=shards[0])
     build_report(args.out)
     print(f"report: {args.out}/report.md")
 
@@ -281,7 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="study directory")
     p.add_argument("--data", help="use this prepared data directory instead of preparing the study's own")
     p.add_argument("--shard", metavar="K/N", help="run only share K of N of every stage, for N processes on one "
-                   "study directory (each waits for the others at the end of a stage)")
+                   "study directory (each waits for the others at the end of a stage); 'auto': K and N from a Slurm job "
+                   "array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT)")
+    p.add_argument("--shards", metavar="N", type=int, help="start N shard processes on this machine (each --shard K/N, "
+                   "an equal share of the CPU threads, one GPU each when there are GPUs), wait, then write the report")
     p.add_argument("--dry-run", action="store_true", help="print the runs (of this shard), their configs' key fields "
                    "and the tokens to train, then exit without training")
     p.set_defaults(func=cmd_study)

@@ -1,0 +1,79 @@
+"""Starting a study's shards: `--shards N` (N processes on this machine, each `--shard K/N`) and `--shard auto`
+(the index and count of a Slurm job array). The shards themselves are plain `nlq study ... --shard K/N` processes
+that share the study directory (study.py deals them whole chains and makes each wait at the end of a stage)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nlq.errors import UserError
+
+
+def slurm_shard(env: dict | None = None) -> tuple[int, int]:
+    """(K, N) from a Slurm job array (sbatch --array=0-3 or 1-4: K counts from 1 whatever the first index is)."""
+    env = os.environ if env is None else env
+    try:
+        task, count = int(env["SLURM_ARRAY_TASK_ID"]), int(env["SLURM_ARRAY_TASK_COUNT"])
+        first = int(env.get("SLURM_ARRAY_TASK_MIN", 0 if task < count else 1))
+    except (KeyError, ValueError):
+        raise UserError("--shard auto reads SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT, which are not set (or "
+                        "not numbers): submit the study as a job array (sbatch --array=1-N), or give --shard K/N") from None
+    k = task - first + 1
+    if not 1 <= k <= count:
+        raise UserError(f"--shard auto: array task {task} (first {first}) is not one of {count} tasks; use a "
+                        f"contiguous array such as --array=1-{count}")
+    return k, count
+
+
+def shard_environment(k: int, n: int, cpus: int | None = None, gpus: int = 0) -> dict:
+    """The environment of shard k of n on this machine: an equal share of the CPU threads (unless OMP_NUM_THREADS
+    is set), and with GPUs one device each, round-robin (n > gpus: several shards share a device)."""
+    env = dict(os.environ)
+    cpus = cpus or os.cpu_count() or 1
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cpus // n)))
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str((k - 1) % gpus)
+    return env
+
+
+def run_shards(argv: list[str], n: int, out_dir: Path, log=print, gpus: int | None = None) -> None:
+    """Start `nlq <argv> --shard K/N` for K = 1..N as child processes, each writing OUT/shard-K-of-N.log, and wait
+    for all; a shard that fails is named with its log (the others keep their finished runs)."""
+    if n < 1:
+        raise UserError(f"--shards {n}: give a number of processes >= 1")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if gpus is None:
+        gpus = _cuda_devices()
+    children = []
+    for k in range(1, n + 1):
+        path = out_dir / f"shard-{k}-of-{n}.log"
+        command = [sys.executable, "-m", "nlq", *argv, "--shard", f"{k}/{n}"]
+        with path.open("ab") as out:
+            children.append((k, path, subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                                       env=shard_environment(k, n, gpus=gpus))))
+    log(f"started {n} shards ({', '.join(str(c[2].pid) for c in children)}); logs: {out_dir}/shard-K-of-{n}.log")
+    try:
+        while any(child.poll() is None for _, _, child in children):
+            time.sleep(2.0)
+    except KeyboardInterrupt:
+        for _, _, child in children:
+            child.terminate()
+        raise
+    failed = [(k, path) for k, path, child in children if child.returncode != 0]
+    if failed:
+        names = ", ".join(f"{k}/{n} ({path})" for k, path in failed)
+        raise UserError(f"shard(s) {names} failed; see the log; finished runs are kept, start the same command again "
+                        f"to resume")
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
