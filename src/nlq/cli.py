@@ -145,30 +145,9 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
-    from nlq.studies.registry import build_report, get_study
-    from nlq.studies.study import parse_shard, plan_text, run_study
+    from nlq.studies.launch import study_command
 
-    from nlq.studies.launch import run_shards, slurm_shard
-
-    study = get_study(args.name)
-    if args.shards is not None and args.shard is not None:
-        raise UserError("give --shards N (start N shard processes here) or --shard K/N (be one of them), not both")
-    if args.shards is not None and not args.dry_run:  # this process starts the shards and writes the report
-        argv = ["study", args.name, "--out", str(args.out), *(["--data", str(args.data)] if args.data else []), *overrides]
-        run_shards(argv, args.shards, Path(args.out))
-        build_report(args.out)
-        print(f"report: {args.out}/report.md")
-        return
-    shards = [(k, args.shards) for k in range(1, args.shards + 1)] if args.shards else [None]
-    if args.shard is not None:
-        shards = [slurm_shard() if args.shard == "auto" else parse_shard(args.shard)]
-    if args.dry_run:
-        for shard in shards:
-            print(plan_text(study, args.out, overrides, data_dir=args.data, shard=shard))
-        return
-    run_study(study, args.out, overrides, data_dir=args.data, shard=shards[0])
-    build_report(args.out)
-    print(f"report: {args.out}/report.md")
+    study_command(args.name, args.out, args.data, overrides, args.shard, args.shards, args.dry_run)
 
 
 def cmd_report(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -236,7 +215,8 @@ def study_names() -> list[str]:
     tree = ast.parse((resources.files("nlq.studies") / "registry.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "STUDIES":
-            return [key.value for key in node.value.keys]
+            plans = sorted((p.stem for p in (resources.files("nlq") / "plans").iterdir() if p.name.endswith(".toml")))
+            return [key.value for key in node.value.keys] + plans  # and the shipped plans, by their names
     return []
 
 
@@ -291,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("study", help="run a named study (variants x seeds x lrs) and write its report")
-    p.add_argument("name", metavar="NAME", help="the study: " + ", ".join(study_names()))
+    p.add_argument("name", metavar="NAME|PLAN", help="a study (" + ", ".join(study_names()) + ") or a plan file (.toml)")
     p.add_argument("--out", required=True, help="study directory")
     p.add_argument("--data", help="use this prepared data directory instead of preparing the study's own")
     p.add_argument("--shard", metavar="K/N", help="run only share K of N of every stage, for N processes on one "

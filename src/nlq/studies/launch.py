@@ -13,6 +13,31 @@ from pathlib import Path
 from nlq.errors import UserError
 
 
+def study_command(name: str, out: str, data: str | None, overrides: list[str], shard: str | None,
+                  shards: int | None, dry_run: bool) -> None:
+    """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
+    from nlq.studies.registry import build_report, get_study
+    from nlq.studies.study import parse_shard, plan_text, run_study
+
+    study = get_study(name)
+    if shards is not None and shard is not None:
+        raise UserError("give --shards N (start N shard processes here) or --shard K/N (be one of them), not both")
+    if shards is not None and not dry_run:  # this process starts the shards, then writes the report
+        run_shards(["study", name, "--out", str(out), *(["--data", str(data)] if data else []), *overrides], shards,
+                   Path(out))
+    else:
+        chosen = [(k, shards) for k in range(1, shards + 1)] if shards else [None]
+        if shard is not None:
+            chosen = [slurm_shard() if shard == "auto" else parse_shard(shard)]
+        if dry_run:
+            for one in chosen:
+                print(plan_text(study, out, overrides, data_dir=data, shard=one))
+            return
+        run_study(study, out, overrides, data_dir=data, shard=chosen[0])
+    build_report(out)
+    print(f"report: {out}/report.md")
+
+
 def slurm_shard(env: dict | None = None) -> tuple[int, int]:
     """(K, N) from a Slurm job array (sbatch --array=0-3 or 1-4: K counts from 1 whatever the first index is)."""
     env = os.environ if env is None else env

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.studies import comparison, probes, scaling, verdict, verdict_lr, verdict_lr_report
+from nlq.studies.plan import Plan, is_plan_path, load_plan, shipped_plans
 from nlq.studies.study import Study
 from nlq.studies.tables import load_results
 
@@ -19,9 +20,9 @@ STUDIES: dict[str, Callable[[], Study]] = {
     "scaling": scaling.scaling,
     "scaling-shared-lr": scaling.scaling_shared_lr,
     "probes": probes.probes,
-    "verdict": verdict.verdict,
-    "verdict-lr": verdict_lr.verdict_lr,
 }
+# the shipped plans (nlq/plans/*.toml, `plans/` in a checkout) are studies by their names too: `nlq study verdict`
+STUDIES |= {name: (lambda path=path: study_from_plan(load_plan(path))) for name, path in shipped_plans().items()}
 
 REPORTS: dict[str, Callable[[Path, dict], str]] = {
     "comparison": comparison.build_comparison_report,
@@ -32,9 +33,17 @@ REPORTS: dict[str, Callable[[Path, dict], str]] = {
 }
 
 
+def study_from_plan(plan: Plan) -> Study:
+    """The runs of a plan: one lr for every arm (the verdict's engine) or an lr grid with selection (verdict-lr's)."""
+    return verdict_lr.lr_grid_study(plan) if plan.kind == "lr-grid" else verdict.fixed_lr_study(plan)
+
+
 def get_study(name: str) -> Study:
+    """A named study, a shipped plan by its name, or a plan file (a path ending in .toml)."""
+    if is_plan_path(name):
+        return study_from_plan(load_plan(name))
     if name not in STUDIES:
-        raise UserError(f"unknown study {name!r}; valid studies: {', '.join(STUDIES)}")
+        raise UserError(f"unknown study {name!r}; valid studies: {', '.join(STUDIES)}, or a plan file (.toml)")
     return STUDIES[name]()
 
 

@@ -89,14 +89,15 @@ def holm_verdicts(tests: list[dict], alpha: float = 0.05) -> list[dict]:
 
 
 VERDICTS = {
-    "better": "nonlinear better",
+    "better": "nonlinear better",  # a plan's method stands for "nonlinear" (decide's method)
     "worse": "nonlinear worse",
     "equivalent": "no effect of the paper's size",
     "inconclusive": "inconclusive",
 }
 
 
-def decide(differences: list[float], margin: float, confidence: float = 0.95, alpha: float = 0.05) -> dict:
+def decide(differences: list[float], margin: float, confidence: float = 0.95, alpha: float = 0.05,
+           method: str = "nonlinear") -> dict:
     """The pre-registered decision on paired differences (variant - baseline): the confidence interval below 0
     is 'better', above 0 'worse'; otherwise equivalence within +-margin (TOST at alpha) is 'equivalent'; else
     'inconclusive'. Returns the interval, the equivalence test, the verdict key and its words."""
@@ -110,7 +111,7 @@ def decide(differences: list[float], margin: float, confidence: float = 0.95, al
         key = "equivalent"
     else:
         key = "inconclusive"
-    words = VERDICTS[key]
+    words = VERDICTS[key].replace("nonlinear", method)
     if key in ("better", "worse") and tost["equivalent"]:
         words += f", by less than {margin:g} (equivalence within ±{margin:g} also shown)"
     return {"interval": interval, "tost": tost, "verdict": key, "words": words}

@@ -21,10 +21,11 @@ from nlq.config import RunConfig, update
 from nlq.data.shards import prepare
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
-from nlq.overrides import apply_overrides, parse_overrides
+from nlq.overrides import apply_overrides
 from nlq.provenance import code_version
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
+from nlq.studies.frozen import check_frozen, check_overrides, plan_hash
 from nlq.training.trainer import train
 
 
@@ -69,6 +70,7 @@ class Study:
     stages: Callable[[Path], Iterator[list[Run]]] | None = None
     report: str = "comparison"  # which report nlq report writes (registry.REPORTS)
     settings: dict = field(default_factory=dict)  # the study's own design settings, written to study.json
+    plan: dict | None = None  # the plan file it was read from (studies/plan.py), frozen by its hash in study.json
 
     def runs(self) -> list[Run]:
         """Seed-major order, so an interrupted study has complete seeds to compare."""
@@ -85,7 +87,8 @@ class Study:
         described = {"name": self.name, "description": self.description, "baseline": self.baseline,
                      "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
                      "variants": [dataclasses.asdict(v) for v in self.variants], "data": dataclasses.asdict(self.data)}
-        return described | ({"settings": self.settings} if self.settings else {})
+        described |= {"settings": self.settings} if self.settings else {}
+        return described | ({"plan": self.plan, "plan_hash": plan_hash(self.plan)} if self.plan is not None else {})
 
 
 @dataclass(frozen=True)
@@ -140,35 +143,6 @@ def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=
             time.sleep(WAIT_POLL_S)
 
 
-def dotted_keys(changes: dict, prefix: str = "") -> set[str]:
-    """{"model": {"query": "x", "projections": {"q": "y"}}} -> {"model.query", "model.projections.q"}."""
-    keys = set()
-    for key, value in changes.items():
-        keys |= dotted_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
-    return keys
-
-
-ALIASES = {"model.projections.q": "model.query"}  # two names of one field
-
-
-def check_overrides(study: Study, runs: list[Run], overrides: list[str]) -> None:
-    """A command-line override of a field the study sets per arm or per run (its design: the query of each variant,
-    the swept lrs, the seeds, a budget's steps) would silently overrule it while the run names still say otherwise:
-    a one-line error naming the field. Fields the study leaves alone may be overridden (they are recorded)."""
-    designed = set()
-    for run in runs:
-        designed |= dotted_keys(run.variant.changes) | dotted_keys(run.changes) | {"train.seed"}
-        if run.lr is not None:
-            designed |= {"train.lr", "train.min_lr"}
-    designed = {ALIASES.get(k, k) for k in designed}
-    clash = sorted(k for k in dotted_keys(parse_overrides(overrides)) if ALIASES.get(k, k) in designed)
-    if clash:
-        raise UserError(f"--{clash[0]} would overrule what study {study.name} sets per arm or run "
-                        f"({', '.join(clash)} {'is' if len(clash) == 1 else 'are'} part of its design); leave "
-                        f"{'it' if len(clash) == 1 else 'them'} out, or define a study (or plan) that varies "
-                        f"{'it' if len(clash) == 1 else 'them'}")
-
-
 def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
               log=print, shard: tuple[int, int] | None = None) -> list[Path]:
     """Run (or continue) every run of the study, stage by stage; returns the run directories.
@@ -178,6 +152,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     others have finished theirs, since a later stage may depend on all of it."""
     study_dir = Path(study_dir)
     overrides = overrides or []
+    check_frozen(study.name, study.plan, study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
     done_dirs, started, recorded = [], time.perf_counter(), []
@@ -220,6 +195,7 @@ def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None =
     their device, steps, lr and tokens still to train, and the totals. A stage that depends on the results of
     an earlier one is named, not listed."""
     study_dir, overrides = Path(study_dir), overrides or []
+    check_frozen(study.name, study.plan, study_dir)
     data = Path(data_dir) if data_dir else study_dir / "data"
     lines = [f"study {study.name} into {study_dir}" + (f", shard {shard[0]}/{shard[1]}" if shard else "")
              + f": {study.description}"]

@@ -14,31 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from nlq.fileio import atomic_write, write_json
+from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.scaling import base as scaling_base
 from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed
-from nlq.studies.study import IDENTITY, LINEAR, NONLINEAR, DataSpec, Run, Study
+from nlq.studies.study import DataSpec, Run, Study
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 from nlq.studies.wsd import chain_tokens, wsd_chain
 
-SETTINGS = {
-    "width": "d64",
-    "shape": {"n_layer": 2, "n_head": 4, "n_embd": 64},
-    "lr": 2e-3,
-    "min_lr": 2e-4,
-    "budgets_tpp": [100, 300],  # tokens per non-embedding parameter of linear; the primary one is primary_tpp
-    "primary_tpp": 300,
-    "seeds": list(range(101, 115)),  # 14 pairs: the power computation is in docs/RESULTS.md
-    "primary": ["linear", "nonlinear"],
-    "secondary": ["identity"],
-    "endpoint": "full_val_loss",  # the final model on the whole val split
-    "confidence": 0.95,  # the paired t interval
-    "margin": 0.037,  # equivalence margin (nats): the paper's smallest claimed effect at this loss
-    "alpha": 0.05,  # each one-sided test of the equivalence test (TOST)
-    "planning_sd": 0.045,  # the paired sd the number of pairs was chosen for
-}
-
-VARIANTS = [LINEAR, NONLINEAR, IDENTITY]
+SETTINGS = load_plan(SHIPPED / "verdict.toml").design  # the design as registered: plans/verdict.toml
 DATA = DataSpec("pypkg", "bpe:2048")
 
 
@@ -57,15 +41,17 @@ def arm_runs(study: Study, study_dir: Path, names: list[str]) -> list[Run]:
     return runs
 
 
-def verdict() -> Study:
-    s = SETTINGS
-    study = Study("verdict", f"pre-registered test at {s['primary_tpp']} tokens per parameter: {len(s['seeds'])} pairs "
-                  f"of linear and nonlinear at one lr ({s['lr']:g}), whole-val-split eval; identity as a secondary arm",
-                  scaling_base(), VARIANTS, seeds=s["seeds"], data=DATA, report="verdict", settings=dict(s))
+def fixed_lr_study(plan) -> Study:
+    """The study of a plan with one lr for every arm: per seed one WSD chain of each arm over every budget; the
+    primary arms' chains first, then the secondary arms'."""
+    s = plan.design
+    study = Study(plan.name, plan.description, plan.base, plan.arms, seeds=s["seeds"], data=plan.data,
+                  report="verdict", settings=dict(s), plan=plan.raw)
 
     def stages(study_dir: Path):
-        yield arm_runs(study, study_dir, s["primary"])  # the primary arms finish before the secondary starts
-        yield arm_runs(study, study_dir, s["secondary"])
+        yield arm_runs(study, study_dir, s["primary"])  # the primary arms finish before the secondary start
+        if s.get("secondary"):
+            yield arm_runs(study, study_dir, s["secondary"])
 
     study.stages = stages
     return study
@@ -93,8 +79,8 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
              f"parameter, {s['width']} {s['shape']}, both at peak lr {s['lr']:g} and min lr {s['min_lr']:g}; "
              f"{len(seeds)} pairs (seeds {seeds[0]}-{seeds[-1]}), fixed in advance. Analysis: the mean Δ with its "
              f"{s['confidence']:.0%} paired t interval; the equivalence test (two one-sided t tests at "
-             f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: nonlinear better; "
-             f"above 0: nonlinear worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
+             f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
+             f"above 0: {method} worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
              f"inconclusive.", ""]
     pairs = pairs_of(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
     finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
@@ -104,7 +90,7 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
         lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it shows.", ""]
         return write_outcome(study_dir, lines, outcome)
-    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"])
+    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method)
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": primary_tpp, "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}

@@ -14,54 +14,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from nlq.config import update
 from nlq.errors import UserError
 from nlq.fileio import read_json
 from nlq.runs.rundir import DIVERGED
-from nlq.studies.scaling import base as scaling_base
-from nlq.studies.study import LINEAR, NONLINEAR, Run, Study, Variant
-from nlq.studies.verdict import DATA
+from nlq.studies.plan import SHIPPED, load_plan
+from nlq.studies.study import Run, Study
 from nlq.studies.wsd import chain_tokens, wsd_chain
 
-LINEAR_QKNORM = Variant("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}},
-                        "baseline with QK-norm: RMSNorm on each head's q and k")
-NONLINEAR_QKNORM = Variant("nonlinear-qknorm", {"model": {"query": "nonlinear", "qk_norm": True}},
-                           "the method with QK-norm")
-
-SETTINGS = {
-    "width": "d64",
-    "shape": {"n_layer": 2, "n_head": 4, "n_embd": 64},
-    "lrs": [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2],  # the grid every arm trains at on the selection seeds
-    "edge_factor": 2.0,  # a best lr at an edge of what was tried extends the grid by this factor that way ...
-    "max_extensions": 3,  # ... at most this many times per direction and arm
-    "min_lr_ratio": 0.1,  # min lr = peak / 10 for every run
-    "budgets_tpp": [300],
-    "primary_tpp": 300,
-    "selection_seeds": [201, 202, 203],  # never tested
-    "seeds": list(range(211, 227)),  # 16 test pairs: scripts/verdict_power.py --study verdict-lr
-    "primary": ["linear", "nonlinear"],  # (baseline, method): the pre-registered test
-    "secondary": ["linear-qknorm", "nonlinear-qknorm"],  # their test runs follow the primary arms'
-    # The declared secondary family on the test seeds, each at its arms' selected lrs, Holm-adjusted together:
-    # [variant, baseline] is Δ = variant - baseline; "interaction" is the query effect with QK-norm minus without.
-    "secondary_family": [["nonlinear-qknorm", "linear-qknorm"], ["linear-qknorm", "linear"],
-                         ["linear-qknorm", "nonlinear"], "interaction"],
-    "paper_lr_ratio": 6.0,  # the paper's protocol: its nonlinear lr (3.6e-3) over its linear baselines' (6e-4)
-    "endpoint": "full_val_loss",
-    "confidence": 0.95,
-    "margin": 0.037,
-    "alpha": 0.05,
-    "planning_sd": 0.03,
-    "planning_difference": 0.02,  # the test finds a true Δ this large ...
-    "planning_power": 0.7,  # ... with at least this power at the planning sd
-}
-
-ARMS = [LINEAR, NONLINEAR, LINEAR_QKNORM, NONLINEAR_QKNORM]
-
-
-def base():
-    """The verdict's model and recipe, with the LM head's loss through PyTorch's chunked linear cross-entropy (the
-    amendment adopts it for every arm: equal to the plain loss within fp32 rounding, faster here)."""
-    return update(scaling_base(), {"train": {"loss_impl": "chunked"}})
+SETTINGS = load_plan(SHIPPED / "verdict-lr.toml").design  # the design as registered and amended: plans/verdict-lr.toml
 
 
 def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]]) -> list[Run]:
@@ -142,14 +102,13 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
     return out
 
 
-def verdict_lr() -> Study:
-    s = SETTINGS
-    study = Study("verdict-lr", f"the verdict with each of four arms (linear, nonlinear, each with and without QK-norm) "
-                  f"at its own peak lr, selected from {', '.join(f'{lr:g}' for lr in s['lrs'])} (extended at an edge) "
-                  f"on {len(s['selection_seeds'])} seeds, then {len(s['seeds'])} test pairs at {s['primary_tpp']} tokens "
-                  f"per parameter", base(), ARMS, seeds=s["seeds"], data=DATA, report="verdict-lr",
-                  settings=dict(s))
-    arms = [v.name for v in ARMS]
+def lr_grid_study(plan) -> Study:
+    """The study of a plan with an lr grid: every arm at every grid lr on the selection seeds, the edge rule's
+    extensions stage by stage, then every arm at its selected lr on the test seeds, the primary arms first."""
+    s = plan.design
+    study = Study(plan.name, plan.description, plan.base, plan.arms, seeds=s["seeds"], data=plan.data,
+                  report="verdict-lr", settings=dict(s), plan=plan.raw)
+    arms = [v.name for v in plan.arms]
 
     def stages(study_dir: Path):
         def means() -> dict[str, dict]:
@@ -175,7 +134,7 @@ def verdict_lr() -> Study:
             out = [arm for arm in s["primary"] if chosen[arm] is None]
             raise UserError(f"every lr of {', '.join(out)} diverged in the selection; the test cannot run (the "
                             "pre-registration says so); nlq report shows the selection")
-        for group in (s["primary"], s["secondary"]):  # the primary arms' test runs first
+        for group in (s["primary"], s.get("secondary", [])):  # the primary arms' test runs first
             lrs = {arm: [chosen[arm]] for arm in group if chosen[arm] is not None}  # an arm out of every lr: no test
             if lrs:
                 yield chains(study, study_dir, s["seeds"], lrs)
@@ -191,4 +150,5 @@ def planned_chains(settings: dict = SETTINGS) -> int:
 
 
 def planned_tokens(settings: dict = SETTINGS) -> int:
-    return planned_chains(settings) * chain_tokens(base(), settings["shape"], settings["budgets_tpp"])
+    base = load_plan(SHIPPED / "verdict-lr.toml").base
+    return planned_chains(settings) * chain_tokens(base, settings["shape"], settings["budgets_tpp"])

@@ -57,7 +57,7 @@ def build_verdict_lr_report(study_dir: Path, study: dict) -> str:
         lines += [f"{len(pairs) + len(diverged)} of {len(s['seeds'])} test pairs have ended. The test is computed once "
                   "all have: no endpoint is shown before."]
         return write_outcome(study_dir, lines, outcome)
-    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"])
+    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method)
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": s["primary_tpp"], "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}
@@ -86,8 +86,8 @@ def design_text(s: dict) -> str:
             f"selected lr on {len(s['seeds'])} seeds ({s['seeds'][0]}-{s['seeds'][-1]}), the primary arms first; "
             f"Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed (positive: {method} worse); the "
             f"mean Δ with its {s['confidence']:.0%} paired t interval and the equivalence test (two one-sided t tests "
-            f"at {s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: nonlinear better; "
-            f"above 0: nonlinear worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
+            f"at {s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
+            f"above 0: {method} worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
             f"inconclusive. A test pair with a diverged run leaves the test and is listed.")
 
 

@@ -1,0 +1,218 @@
+"""Plan files: a pre-registered comparison as data (TOML), read into a typed Plan with a one-line error per mistake.
+
+A plan names its corpus, the recipe every run starts from (a preset and config changes), its arms (a name and
+config changes each), and its design: the shape, the budgets in tokens per parameter, the seeds, either one lr for
+every arm or an lr grid with selection seeds and an edge rule, the endpoint, the margin and the declared secondary
+arms. The shipped plans live in nlq/plans/ (`plans/` in a checkout): `nlq study verdict` is `plans/verdict.toml`.
+The design goes to study.json as the study's settings, the whole plan and its hash beside it: a changed plan is
+refused against a study directory that ran another (the field that changed is named).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from nlq.config import RunConfig, update
+from nlq.errors import ConfigError, UserError
+from nlq.presets import PRESETS, get_preset
+from nlq.studies.frozen import plan_hash
+from nlq.studies.study import DataSpec, Variant
+
+SHIPPED = Path(__file__).resolve().parent.parent / "plans"
+TOP_KEYS = {"name", "description", "data", "base", "arms", "design"}
+SECTIONS = ("model", "data", "train", "dist")
+ENDPOINTS = ("full_val_loss", "val_loss")
+COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int, float), "seeds": list,
+          "primary": list, "secondary": list, "endpoint": str, "confidence": float, "margin": float, "alpha": float,
+          "planning_sd": float}
+FIXED_LR = {"lr": float, "min_lr": float}
+LR_GRID = {"lrs": list, "edge_factor": float, "max_extensions": int, "min_lr_ratio": float, "selection_seeds": list}
+OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_difference": float, "planning_power": float}
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    description: str
+    data: DataSpec
+    base: RunConfig
+    arms: list[Variant]
+    design: dict  # the study's settings, as written (study.json)
+    raw: dict  # the whole file as parsed: what is frozen
+
+    @property
+    def kind(self) -> str:
+        """'lr-grid' (each arm selects its lr on the selection seeds) or 'fixed-lr' (one lr for every arm)."""
+        return "lr-grid" if "lrs" in self.design else "fixed-lr"
+
+    @property
+    def hash(self) -> str:
+        return plan_hash(self.raw)
+
+
+def shipped_plans() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(SHIPPED.glob("*.toml"), key=lambda p: p.stem)}
+
+
+def is_plan_path(name: str) -> bool:
+    return name.endswith(".toml") or "/" in name
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"plan file {path} does not exist; shipped plans: {', '.join(shipped_plans())} (in {SHIPPED})")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot parse plan {path}: {str(e).splitlines()[0][:200]}") from None
+    return read_plan(raw, str(path))
+
+
+def read_plan(raw: dict, where: str = "the plan") -> Plan:
+    """A Plan from a parsed plan file; every mistake is a one-line UserError naming the field."""
+    def fail(field: str, what: str):
+        raise UserError(f"{where}: {field} {what}")
+
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        fail(unknown[0], f"is not a plan field; a plan has {', '.join(sorted(TOP_KEYS))}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        fail("name", f"is {name!r}; give a short name of letters, digits, '.', '_' or '-'")
+    data = _table(raw, "data", fail)
+    if not all(isinstance(data.get(k), str) and data.get(k) for k in ("source", "tokenizer")):
+        fail("data", "needs source and tokenizer (as for nlq prepare), e.g. source = \"pypkg\", tokenizer = \"bpe:2048\"")
+    extra = sorted(set(data) - {"source", "tokenizer", "val_fraction"})
+    if extra:
+        fail(f"data.{extra[0]}", "is not known; data has source, tokenizer and val_fraction")
+    base = _base(_table(raw, "base", fail), fail)
+    arms = _arms(raw.get("arms"), base, fail)
+    design = _design(_table(raw, "design", fail), [a.name for a in arms], fail)
+    spec = DataSpec(data["source"], data["tokenizer"], **({"val_fraction": float(data["val_fraction"])}
+                                                          if "val_fraction" in data else {}))
+    description = raw.get("description", f"plan {name}")
+    if not isinstance(description, str):
+        fail("description", "must be text")
+    return Plan(name, description, spec, base, arms, design, raw)
+
+
+def _table(raw: dict, key: str, fail) -> dict:
+    value = raw.get(key)
+    if not isinstance(value, dict):
+        fail(key, f"is missing or not a table ([{key}])")
+    return value
+
+
+def _base(table: dict, fail) -> RunConfig:
+    preset = table.get("preset")
+    if preset not in PRESETS:
+        fail("base.preset", f"is {preset!r}; choose one of {', '.join(PRESETS)}")
+    changes = {k: v for k, v in table.items() if k != "preset"}
+    for key, value in changes.items():
+        if key not in SECTIONS or not isinstance(value, dict):
+            fail(f"base.{key}", f"is not a config section table; use {', '.join(SECTIONS)}")
+    try:
+        return update(get_preset(preset), changes)
+    except ConfigError as e:
+        fail("base", f"sets a bad value: {e}")
+
+
+def _arms(arms, base: RunConfig, fail) -> list[Variant]:
+    if not isinstance(arms, list) or len(arms) < 2 or not all(isinstance(a, dict) for a in arms):
+        fail("arms", "must list at least two [[arms]] tables, each with a name and config changes")
+    out = []
+    for i, arm in enumerate(arms):
+        name = arm.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+_-]*", name):
+            fail(f"arms[{i}].name", f"is {name!r}; give a name of letters, digits, '.', '+', '_' or '-'")
+        changes = {k: v for k, v in arm.items() if k not in ("name", "note")}
+        for key, value in changes.items():
+            if key not in SECTIONS or not isinstance(value, dict):
+                fail(f"arms[{i}].{key}", f"is not a config section table; an arm sets {', '.join(SECTIONS)}")
+        try:
+            update(base, changes)
+        except ConfigError as e:
+            fail(f"arms[{i}] ({name})", f"sets a bad value: {e}")
+        out.append(Variant(name, changes, str(arm.get("note", ""))))
+    names = [a.name for a in out]
+    if len(set(names)) < len(names):
+        fail("arms", f"repeat a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))}); names must differ")
+    return out
+
+
+def _design(design: dict, arms: list[str], fail) -> dict:
+    grid = "lrs" in design
+    allowed = COMMON | (LR_GRID if grid else FIXED_LR) | OPTIONAL
+    unknown = sorted(set(design) - set(allowed))
+    if unknown:
+        other = "lr and min_lr (one lr for every arm)" if grid else "lrs and its selection fields"
+        fail(f"design.{unknown[0]}", f"is not a field of this design (with{'' if grid else 'out'} an lr grid; "
+                                     f"{other} belong to the other kind); fields: {', '.join(allowed)}")
+    for key, kind in allowed.items():
+        if key not in design:
+            if key in OPTIONAL or key == "secondary":
+                continue
+            fail(f"design.{key}", "is missing")
+        value = design[key]
+        kinds = kind if isinstance(kind, tuple) else (int, float) if kind is float else (kind,)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            fail(f"design.{key}", f"is {value!r}; it must be {'a number' if kind is float else kind.__name__ if isinstance(kind, type) else 'a number'}")
+    _check_design(design, arms, grid, fail)
+    return design
+
+
+def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
+    def seeds(key):
+        values = d[key]
+        if len(values) < 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in values) \
+                or len(set(values)) < len(values):
+            fail(f"design.{key}", f"is {values!r}; give at least two distinct non-negative integers")
+
+    shape = d["shape"]
+    if sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(isinstance(v, int) and v > 0 for v in shape.values()):
+        fail("design.shape", f"is {shape!r}; give {{n_layer = L, n_head = H, n_embd = D}} as positive integers")
+    if not d["budgets_tpp"] or not all(isinstance(b, (int, float)) and b > 0 for b in d["budgets_tpp"]):
+        fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; give positive tokens-per-parameter budgets")
+    if d["primary_tpp"] not in d["budgets_tpp"]:
+        fail("design.primary_tpp", f"is {d['primary_tpp']!r}, not one of design.budgets_tpp {d['budgets_tpp']!r}")
+    seeds("seeds")
+    primary, secondary = d["primary"], d.get("secondary", [])
+    if len(primary) != 2 or len(set(primary)) != 2:
+        fail("design.primary", f"is {primary!r}; give [baseline, method], two arm names")
+    for key, names in (("primary", primary), ("secondary", secondary)):
+        missing = [n for n in names if n not in arms]
+        if missing:
+            fail(f"design.{key}", f"names {missing[0]!r}, which is not an arm ({', '.join(arms)})")
+    unused = [a for a in arms if a not in primary + secondary]
+    if unused or set(primary) & set(secondary):
+        fail("design.secondary", f"must list every arm that is not primary, once ({', '.join(unused) or 'repeated'})")
+    if d["endpoint"] not in ENDPOINTS:
+        fail("design.endpoint", f"is {d['endpoint']!r}; choose {' or '.join(ENDPOINTS)}")
+    for key, low, high in (("confidence", 0, 1), ("alpha", 0, 0.5)):
+        if not low < d[key] < high:
+            fail(f"design.{key}", f"is {d[key]!r}; it must lie in ({low}, {high})")
+    for key in ("margin", "planning_sd"):
+        if not (d[key] > 0 and math.isfinite(d[key])):
+            fail(f"design.{key}", f"is {d[key]!r}; it must be > 0")
+    if grid:
+        seeds("selection_seeds")
+        if set(d["selection_seeds"]) & set(d["seeds"]):
+            fail("design.selection_seeds", "share seeds with design.seeds; the lr is chosen on seeds that are not tested")
+        if not d["lrs"] or not all(isinstance(x, (int, float)) and x > 0 for x in d["lrs"]) or sorted(d["lrs"]) != d["lrs"]:
+            fail("design.lrs", f"is {d['lrs']!r}; give increasing positive peak lrs")
+        if not d["edge_factor"] > 1 or d["max_extensions"] < 0 or not 0 < d["min_lr_ratio"] <= 1:
+            fail("design", "needs edge_factor > 1, max_extensions >= 0 and min_lr_ratio in (0, 1]")
+        family = d.get("secondary_family", [])
+        for member in family:
+            ok = member == "interaction" and len(secondary) == 2 or (
+                isinstance(member, list) and len(member) == 2 and all(m in arms for m in member))
+            if not ok:
+                fail("design.secondary_family", f"holds {member!r}; give [variant, baseline] arm pairs or "
+                                                "\"interaction\" (with two secondary arms)")
+    elif not (d["lr"] > 0 and 0 <= d["min_lr"] <= d["lr"]):
+        fail("design", f"needs lr > 0 and 0 <= min_lr <= lr (got {d['lr']!r}, {d['min_lr']!r})")

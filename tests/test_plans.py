@@ -1,0 +1,168 @@
+"""Plan files: the shipped plans build the studies that ran (the committed configs), a plan is frozen once it has
+run, a mistake is one line naming its field, and a user's own tiny plan runs end to end to its decision."""
+
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from nlq.errors import UserError
+from nlq.studies.plan import SHIPPED, load_plan, read_plan, shipped_plans
+from nlq.studies.registry import get_study
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = ROOT / "results" / "verdict"
+
+
+def test_the_shipped_plans_are_the_named_studies_and_the_checkout_links_them():
+    assert {"verdict", "verdict-lr", "example"} <= set(shipped_plans())
+    assert (ROOT / "plans" / "verdict.toml").resolve() == (SHIPPED / "verdict.toml").resolve()
+    for name in ("verdict", "verdict-lr"):
+        by_name, by_path = get_study(name), get_study(str(ROOT / "plans" / f"{name}.toml"))
+        assert by_name.describe() == by_path.describe() and by_name.plan["design"] == by_name.settings
+
+
+def test_plans_verdict_builds_exactly_the_runs_of_the_committed_verdict():
+    """Every committed run of results/verdict is a run of plans/verdict.toml with the same resolved config (the
+    configs written before train.loss_impl existed ran the plain loss, which the plan pins); the plan's runs that
+    are not committed are only the identity chains still running when the snapshot was taken."""
+    study_json = json.loads((COMMITTED / "study.json").read_text())
+    study = get_study(str(ROOT / "plans" / "verdict.toml"))
+    committed = {p.parent.name: json.loads(p.read_text()) for p in (COMMITTED / "runs").glob("*/config.json")}
+    branch = next(c["train"]["resume_from"] for c in committed.values() if c["train"]["resume_from"])
+    where = Path(branch).parents[3]  # the study directory the runs were trained in (their checkpoints' paths)
+    planned = {}
+    for stage in study.run_stages(where):
+        planned |= {r.name: r.config([], Path(study_json["data_dir"])).to_dict() for r in stage}
+    assert committed and set(committed) <= set(planned)
+    assert all("identity" in name for name in set(planned) - set(committed))
+    for name, saved in committed.items():
+        ours = planned[name]
+        for section, values in saved.items():
+            for key, value in values.items():
+                if section == "train" and key == "loss_impl":
+                    assert value == "plain", name
+                    continue
+                assert ours[section][key] == value, (name, section, key)
+        assert ours["train"]["loss_impl"] == "plain" and set(ours) == set(saved)
+
+
+def test_plans_verdict_lr_builds_the_amended_design():
+    study = get_study("verdict-lr")
+    s = study.settings
+    first = next(study.run_stages(Path("/nonexistent")))
+    budget = [r for r in first if r.labels["stage"] == "budget"]
+    assert len(budget) == 4 * len(s["lrs"]) * len(s["selection_seeds"]) == 60
+    configs = [r.config([], Path("/data")) for r in budget]
+    assert {c.train.loss_impl for c in configs} == {"chunked"} and {c.data.final_eval for c in configs} == {"full"}
+    assert {(c.model.query, c.model.qk_norm) for c in configs} == {("linear", False), ("nonlinear", False),
+                                                                     ("linear", True), ("nonlinear", True)}
+    assert len(s["seeds"]) == 16 and not set(s["seeds"]) & set(s["selection_seeds"])
+
+
+def plan_text(tmp_path, byte_data=None, **design_changes) -> Path:
+    """A tiny user plan: two arms on the byte data, 2 pairs, a budget of a few dozen steps."""
+    raw = tomllib.loads((SHIPPED / "example.toml").read_text())
+    raw["base"] = {"preset": "nano", "model": {"vocab_size": 257, "block_size": 32},
+                   "train": {"schedule": "wsd", "batch_size": 4, "warmup_steps": 2, "log_every": 10},
+                   "data": {"eval_windows": 4}}
+    raw["arms"] = [{"name": "linear", "model": {"query": "linear"}}, {"name": "mine", "model": {"query": "nonlinear"}}]
+    raw["design"] |= {"shape": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "budgets_tpp": [1, 2], "primary_tpp": 2,
+                      "seeds": [1, 2], "primary": ["linear", "mine"], "secondary": []} | design_changes
+    path = tmp_path / "mine.toml"
+    path.write_text(to_toml(raw))
+    return path
+
+
+def to_toml(raw: dict) -> str:
+    """Enough TOML for the plans of these tests (tables, arrays of tables, inline values)."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = [f"{k} = {value(v)}" for k, v in raw.items() if not isinstance(v, (dict, list))]
+    for key, v in raw.items():
+        if isinstance(v, dict):
+            lines += [f"[{key}]"] + [f"{k} = {value(x)}" for k, x in v.items()]
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for item in v:
+                lines += [f"[[{key}]]"] + [f"{k} = {value(x)}" for k, x in item.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_users_tiny_plan_runs_end_to_end_and_its_report_shows_the_decision(byte_data, tmp_path, capsys):
+    from nlq.cli import main
+
+    plan = plan_text(tmp_path)
+    out = tmp_path / "study"
+    main(["study", str(plan), "--out", str(out), "--data", str(byte_data)])
+    report = (out / "report.md").read_text()
+    assert "**Verdict: mine " in report or "**Verdict: no effect" in report or "**Verdict: inconclusive" in report
+    assert "Decision rule: the interval below 0: mine better" in report
+    described = json.loads((out / "study.json").read_text())
+    assert described["plan_hash"] and described["plan"]["design"]["seeds"] == [1, 2]
+    summaries = [json.loads(p.read_text()) for p in (out / "runs").glob("*tpp2*/summary.json")]
+    assert len(summaries) == 4 and all("full_val_loss" in s for s in summaries)
+
+
+def test_a_changed_plan_is_refused_against_its_study_directory_naming_the_field(byte_data, tmp_path, monkeypatch):
+    from nlq.studies import study as study_module
+    from nlq.studies.study import run_study
+
+    def fake_train(config, run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps({"final_step": config.train.max_steps, "val_loss": 3.0,
+                                                          "full_val_loss": 3.0, "tokens_per_s": 1.0}))
+
+    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    path = plan_text(tmp_path)
+    run_study(get_study(str(path)), tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
+    run_study(get_study(str(path)), tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)  # unchanged: fine
+    changed = plan_text(tmp_path, margin=0.02)
+    with pytest.raises(UserError, match=r"design\.margin changed") as error:
+        run_study(get_study(str(changed)), tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
+    assert "\n" not in str(error.value)
+    from nlq.studies.study import plan_text as dry_run
+
+    with pytest.raises(UserError, match=r"design\.margin changed"):
+        dry_run(get_study(str(changed)), tmp_path / "s", data_dir=str(byte_data))
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda r: r.pop("design"), "design is missing"),
+    (lambda r: r.update(colour="red"), "colour is not a plan field"),
+    (lambda r: r["design"].update(seeds=[1, 1]), "design.seeds"),
+    (lambda r: r["design"].update(primary=["linear", "nope"]), "design.primary names 'nope'"),
+    (lambda r: r["design"].update(margin="0.037"), "design.margin is '0.037'"),
+    (lambda r: r["design"].update(lrs=[1e-3, 2e-3]), "design.lr is not a field of this design"),
+    (lambda r: r["design"].update(primary_tpp=7), "design.primary_tpp is 7"),
+    (lambda r: r["arms"][1].update(model={"query": "nope"}), "arms[1] (residual) sets a bad value"),
+    (lambda r: r["base"].update(preset="huge"), "base.preset is 'huge'"),
+    (lambda r: r["arms"].append({"name": "linear"}), "arms repeat a name (linear)"),
+])
+def test_every_plan_mistake_is_one_line_naming_the_field(change, needle):
+    raw = tomllib.loads((SHIPPED / "example.toml").read_text())
+    change(raw)
+    with pytest.raises(UserError) as error:
+        read_plan(raw, "my.toml")
+    assert needle in str(error.value) and "\n" not in str(error.value), str(error.value)
+    assert str(error.value).startswith("my.toml: ")
+
+
+def test_a_missing_or_broken_plan_file_is_one_line(tmp_path):
+    with pytest.raises(UserError, match="does not exist; shipped plans"):
+        load_plan(tmp_path / "none.toml")
+    (tmp_path / "bad.toml").write_text("name = [")
+    with pytest.raises(UserError, match="cannot parse plan"):
+        load_plan(tmp_path / "bad.toml")
+    shutil.copy(SHIPPED / "example.toml", tmp_path / "ok.toml")
+    assert load_plan(tmp_path / "ok.toml").kind == "fixed-lr" and load_plan(SHIPPED / "verdict-lr.toml").kind == "lr-grid"
