@@ -62,3 +62,14 @@ def test_train_help_lists_every_config_field_with_default_and_choices():
     listed = [line.split("=")[0].strip()[2:] for line in out.splitlines() if line.startswith("  --") and "." in line.split("=")[0]]
     assert listed == expected
     assert "--model.query=STR  (default 'linear'; choices: linear, identity, residual, nonlinear)" in out
+
+
+def test_preset_help_lists_every_preset(capsys):
+    from nlq.cli import main, preset_names
+    from nlq.presets import PRESETS
+
+    assert preset_names() == list(PRESETS) and "encoder" in PRESETS
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in PRESETS)

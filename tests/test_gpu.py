@@ -1,6 +1,6 @@
 """GPU checks (skipped without CUDA, so CI on CPU stays green): bf16 against fp32 for every query variant,
 torch.compile against eager, a fused SDPA kernel at the paper's shapes, fused AdamW, DDP and FSDP2 in one
-process, and checkpoints that move between GPU and CPU. `bash benchmarks/gpu_check.sh` runs them."""
+process, and checkpoints that move between GPU and CPU. `python benchmarks/gpu_check.py --out DIR` runs them."""
 
 import os
 

@@ -60,8 +60,6 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
-    from pathlib import Path
-
     from nlq.config import update
     from nlq.overrides import layered, load_config, parse_overrides
     from nlq.training.trainer import train
@@ -151,8 +149,6 @@ def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_report(args: argparse.Namespace, overrides: list[str]) -> None:
-    from pathlib import Path
-
     from nlq.studies.registry import build_report
 
     if overrides:
@@ -206,18 +202,27 @@ class FieldsHelp(argparse.Action):
         parser.exit()
 
 
-def study_names() -> list[str]:
-    """The registered studies, read from the registry's source without importing it (torch and friends), so that
-    `nlq --help` stays fast; tests check the list equals registry.STUDIES."""
+def _dict_keys(package: str, module: str, name: str) -> list[str]:
+    """A module-level dict literal's keys, from the source (no torch import: `nlq --help` stays fast); tested."""
     import ast
     from importlib import resources
 
-    tree = ast.parse((resources.files("nlq.studies") / "registry.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "STUDIES":
-            plans = sorted((p.stem for p in (resources.files("nlq") / "plans").iterdir() if p.name.endswith(".toml")))
-            return [key.value for key in node.value.keys] + plans  # and the shipped plans, by their names
+    for node in ast.parse((resources.files(package) / module).read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) else None
+        if getattr(target, "id", None) == name:
+            return [key.value for key in node.value.keys]
     return []
+
+
+def preset_names() -> list[str]:
+    return _dict_keys("nlq", "presets.py", "PRESETS")
+
+
+def study_names() -> list[str]:  # the registered studies, then the shipped plans (nlq/plans/*.toml) by name
+    from importlib import resources
+
+    plans = sorted(p.name[:-5] for p in (resources.files("nlq") / "plans").iterdir() if p.name.endswith(".toml"))
+    return _dict_keys("nlq.studies", "registry.py", "STUDIES") + plans
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -249,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-h", "--help", action=FieldsHelp, help="show this help and every config field, then exit")
     p.add_argument("--data", help="prepared data directory (nlq prepare)")
     p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--preset", help="named size: gpt3-small, nano, micro, mini, small")
+    p.add_argument("--preset", help="named size: " + ", ".join(preset_names()))
     p.add_argument("--config", help="YAML/TOML/JSON file with config values")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.set_defaults(func=cmd_train)
