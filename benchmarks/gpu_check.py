@@ -7,6 +7,9 @@
    DDP and FSDP2 in one process, checkpoints between GPU and CPU)              -> OUT/gpu_tests.txt
 3. GPT-3 small (bf16, compiled, context 1024, the largest micro-batch that fits): tokens/s, MFU and peak
    memory of linear, nonlinear and linear-mlp4.75, alternating in one process -> OUT/throughput.json/.txt
+3b. the LM head's loss at GPT-3 small (12 x 1024 rows, d 768, vocabulary 50,304): plain, chunked (PyTorch's
+   F.linear_cross_entropy) and liger (when liger-kernel is installed), fp32 and bf16, time and peak memory
+                                                                              -> OUT/loss_head.json/.txt
 4. a short real training (GPT-3 small shape, 300 steps, bf16, compiled) on DATA_DIR (prepared on the CPU
    machine and carried along), or on python-stdlib prepared there           -> OUT/train_metrics.jsonl
 Then OUT/summary.json and OUT/summary.md. --dry-run runs the same steps on the CPU with tiny shapes (the
@@ -92,6 +95,15 @@ def main() -> None:
     if (out / "throughput.json").is_file():
         summary["throughput"] |= json.loads((out / "throughput.json").read_text())
 
+    if args.dry_run:  # the CPU side of loss_head.py is its own benchmark (minutes); the dry run checks the rest
+        code, seconds = 0, 0.0
+    else:
+        code, seconds = run([py, "benchmarks/loss_head.py", "--device", "cuda", "--rounds", "10", "--json",
+                             str(out / "loss_head.json")], out / "loss_head.txt", 240)
+    summary["loss_head"] = {"exit_code": code, "seconds": round(seconds, 1)}
+    if (out / "loss_head.json").is_file():
+        summary["loss_head"] |= json.loads((out / "loss_head.json").read_text())
+
     data = args.data
     if not data:
         data = str(out.parent / "gpu_check_data")
@@ -125,7 +137,9 @@ def main() -> None:
                  f"val {t['val_losses']}, all finite: {t['all_finite']}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    failed = [k for k in ("gpu_tests", "throughput", "training") if summary[k]["exit_code"] not in (0, 5)]
+    for name, row in (summary["loss_head"].get("impls") or {}).items():
+        lines.append(f"- loss head {name}: {row['ms']:.2f} ms, +{row['extra_peak_mb']:,.0f} MB peak")
+    failed = [k for k in ("gpu_tests", "throughput", "loss_head", "training") if summary[k]["exit_code"] not in (0, 5)]
     sys.exit(1 if failed else 0)
 
 

@@ -1,6 +1,7 @@
 """The LM head's loss, plain against chunked (PyTorch's F.linear_cross_entropy), measured side by side in one process.
 
     OMP_NUM_THREADS=1 python benchmarks/loss_head.py [--rounds 30] [--chunk 512] [--json FILE]
+    python benchmarks/loss_head.py --device cuda [--rows 12288] [--json FILE]     (benchmarks/gpu_check.py runs it)
 
 1. Training steps at the decision shape (d 64, 2 layers, 4 heads, vocabulary 2048, batch 16 x 128; AdamW, clip
    1.0; the linear and the nonlinear query), plain and chunked alternating step by step, in three conditions: one
@@ -13,6 +14,11 @@
    in a fresh process: the rise of the peak resident set over what the inputs already hold, and its time.
 
 Every number depends on the CPU and its load: run it on an otherwise idle machine, name the machine beside it.
+
+With --device cuda: the GPT-3-small head (--rows rows, the paper's micro-batch of 12 x 1024 by default, d 768,
+vocabulary 50,304) in fp32 and under bf16 autocast, plain, chunked and Liger-Kernel's fused kernel (when
+liger-kernel is installed): the time of forward and backward, the peak memory allocated above the inputs, and the
+loss and gradient differences from the plain fp32 loss.
 """
 
 import argparse
@@ -140,11 +146,68 @@ def memory(chunk: int) -> dict:
     return out
 
 
+def cuda_head(rows: int, chunk: int, rounds: int) -> dict:
+    """Plain, chunked and liger at the GPT-3-small head on the GPU, fp32 and bf16 autocast."""
+    from nlq.model import head_loss
+
+    device = torch.device("cuda")
+    d, vocab = 768, 50304
+    h = torch.randn(rows, d, device=device, requires_grad=True)
+    w = (0.02 * torch.randn(vocab, d, device=device)).requires_grad_()
+    y = torch.randint(0, vocab, (rows,), device=device)
+    impls = ["plain", "chunked"]
+    try:
+        import liger_kernel  # noqa: F401
+
+        impls.append("liger")
+    except ImportError:
+        pass
+
+    def loss_of(impl: str):
+        if impl == "plain":
+            return F.cross_entropy((h @ w.T).float(), y)
+        return head_loss(h, w, y, -100, impl, chunk)
+
+    out, reference = {}, None
+    for dtype in (torch.float32, torch.bfloat16):
+        for impl in impls:
+            with torch.autocast("cuda", dtype=dtype, enabled=dtype is torch.bfloat16):
+                h.grad = w.grad = None
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                loss = loss_of(impl)
+                loss.backward()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+                grads = (h.grad.float().clone(), w.grad.float().clone())
+                if reference is None:
+                    reference = (loss.item(), grads)
+                times = []
+                for _ in range(rounds):
+                    h.grad = w.grad = None
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    loss_of(impl).backward()
+                    end.record()
+                    torch.cuda.synchronize()
+                    times.append(start.elapsed_time(end))
+            out[f"{impl}/{str(dtype).split('.')[-1]}"] = {
+                "ms": statistics.median(times), "extra_peak_mb": peak / 2**20,
+                "loss_diff": abs(loss.item() - reference[0]),
+                "grad_diff": max((a - b).abs().max().item() for a, b in zip(grads, reference[1]))}
+    return {"rows": rows, "d": d, "vocab": vocab, "chunk": chunk, "impls": out,
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--rows", type=int, default=12 * 1024, help="--device cuda: rows of the head's input")
     parser.add_argument("--companion", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory", choices=["plain", "chunked"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -153,6 +216,15 @@ def main() -> None:
         return companion()
     if args.memory:
         return memory_probe(args.memory, args.chunk)
+    if args.device == "cuda":
+        results = cuda_head(args.rows, args.chunk, args.rounds)
+        for name, row in results["impls"].items():
+            print(f"{name}: {row['ms']:.2f} ms, +{row['extra_peak_mb']:,.0f} MB peak, loss diff {row['loss_diff']:.2e}, "
+                  f"grad diff {row['grad_diff']:.2e}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
 
     results = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                "chunk": args.chunk, "rounds": args.rounds, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
