@@ -37,6 +37,7 @@ def test_bad_input_is_one_line_error(capsys, argv, needle):
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_console_entry_point_runs():
     """The `nlq` script pip installed beside this interpreter (not python -m nlq)."""
     from pathlib import Path

@@ -76,6 +76,7 @@ def test_train_config_validation():
         TrainConfig(lr=1e-3, min_lr=1e-2)
 
 
+@pytest.mark.slow
 def test_config_file_layers_over_the_preset_and_a_resumed_runs_config(byte_data, tmp_path):
     """One rule: preset (or the run's own config on resume), then the file's fields, then overrides; a field
     the file does not set keeps the layer below."""

@@ -99,6 +99,7 @@ def test_shakespeare_source_is_offline_and_large():
     assert not any("**" in d or "\\[" in d for d in docs)
 
 
+@pytest.mark.slow
 def test_python_stdlib_source_skips_tests():
     """Every document is a non-test file of the standard library, and no test file's text is among them."""
     import hashlib
@@ -250,6 +251,7 @@ def torch_equal(a, b):
     return bool((a == b).all())
 
 
+@pytest.mark.slow
 def test_batch_plan_is_identical_across_processes():
     code = ("import numpy as np; from nlq.data.batches import BatchPlan;"
             "t = np.arange(10_000, dtype=np.uint16) % 5000;"

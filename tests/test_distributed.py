@@ -12,6 +12,8 @@ from conftest import assert_wrapped_run_matches_plain, tiny_run_config
 from nlq.runs.metrics import read_metrics
 from nlq.training.trainer import train
 
+pytestmark = pytest.mark.slow  # every test here starts processes (torchrun, gloo)
+
 TOLERANCE = 1e-4  # relative: the same math, summed in a different order across processes
 TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=2", "--model.n_embd=32",
         "--model.n_head=2", "--train.batch_size=4", "--train.batch_tokens=256", "--train.eval_every=3",

@@ -104,6 +104,7 @@ main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_import_checkpoint_killed_or_out_of_space_leaves_no_output_and_the_retry_works(run_dir, tmp_path, capsys,
                                                                                      monkeypatch):
     source = next((run_dir / "checkpoints").glob("step_*.pt"))

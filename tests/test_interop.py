@@ -317,6 +317,7 @@ def test_imported_run_cannot_be_resumed_but_can_start_a_run(byte_data, tmp_path)
     assert exit_info.value.code == 2
 
 
+@pytest.mark.slow
 def test_untrusted_checkpoint_never_runs_code(tmp_path):
     """A pickle that would run code on load is refused (weights_only), with a one-line error."""
     import pickle
@@ -333,6 +334,7 @@ def test_untrusted_checkpoint_never_runs_code(tmp_path):
     assert "does not unpickle" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content, message", [(b"not a checkpoint at all", "is not a PyTorch checkpoint"),
                                               (b"PK\x03\x04 truncated zip", "truncated or corrupt")])
 def test_a_file_that_is_no_checkpoint_is_a_one_line_error(tmp_path, content, message):
@@ -440,6 +442,7 @@ def test_cli_help_does_not_import_torch():
 
 # ---- self-contained runs -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_copied_checkpoint_file_keeps_its_tokenizer_and_the_final_model_is_safetensors(byte_data, tmp_path):
     import shutil
 

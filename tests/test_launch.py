@@ -44,6 +44,7 @@ def test_each_shard_gets_its_share_of_threads_and_a_gpu_round_robin(monkeypatch)
     assert shard_environment(1, 2, cpus=16)["OMP_NUM_THREADS"] == "3"
 
 
+@pytest.mark.slow
 def test_shards_n_runs_the_whole_study_in_n_processes_and_reports(byte_data, tmp_path):
     out = tmp_path / "s"
     result = subprocess.run([sys.executable, "-m", "nlq", "study", "encoder", "--out", str(out), "--data", str(byte_data),

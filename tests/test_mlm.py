@@ -66,6 +66,7 @@ def test_mlm_resume_is_exact(byte_data, tmp_path):
     assert losses[0] == losses[1]
 
 
+@pytest.mark.slow
 def test_cli_encoder_eval_reports_accuracy_and_sample_refuses(byte_data, tmp_path):
     import subprocess
     import sys

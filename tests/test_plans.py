@@ -99,6 +99,7 @@ def to_toml(raw: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 def test_a_users_tiny_plan_runs_end_to_end_and_its_report_shows_the_decision(byte_data, tmp_path, capsys):
     from nlq.cli import main
 

@@ -384,6 +384,7 @@ main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", [2, 4])
 def test_kill_9_during_a_checkpoint_write_loses_nothing_and_leaves_no_temp(byte_data, tmp_path, step):
     script = tmp_path / "die.py"
@@ -403,6 +404,7 @@ def test_kill_9_during_a_checkpoint_write_loses_nothing_and_leaves_no_temp(byte_
     assert curve(tmp_path / "run") == curve(tmp_path / "straight")  # bitwise: the resume redid the lost steps
 
 
+@pytest.mark.slow
 def test_kill_9_during_prepare_leaves_nothing_and_the_next_prepare_cleans_up(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -119,6 +119,7 @@ def test_a_summary_with_a_number_that_is_no_number_is_a_one_line_error(tmp_path)
         build_report(tmp_path)
 
 
+@pytest.mark.slow
 def test_publish_verdict_writes_only_the_marked_blocks_and_no_number_before_every_pair_is_in(tmp_path):
     root = Path(__file__).resolve().parent.parent
     docs = {"README.md": "# x\n<!-- verdict-status -->old<!-- /verdict-status -->\nkept\n",
@@ -151,6 +152,7 @@ def test_publish_verdict_writes_only_the_marked_blocks_and_no_number_before_ever
         assert outside == re.sub(r"<!-- (verdict-\w+) -->.*?<!-- /\1 -->", "", original, flags=re.DOTALL)
 
 
+@pytest.mark.slow
 def test_holm_from_printed_tables_recovers_the_p_values_of_the_intervals(tmp_path):
     """scripts/holm_from_tables.py: p values recomputed from a table's printed mean and interval match the ones
     computed from the data (to the 4-decimal rounding), the adjustment is Holm's, and a table in a later

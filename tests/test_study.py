@@ -21,6 +21,7 @@ def tiny_study(byte_data, seeds=(1, 2)):
                  seeds=list(seeds), data=DataSpec("unused", "byte"))
 
 
+@pytest.mark.slow
 def test_tiny_study_end_to_end(byte_data, tmp_path):
     run_study(tiny_study(byte_data), tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     markdown = build_report(tmp_path)
@@ -67,6 +68,7 @@ def test_interrupted_study_skips_finished_runs(byte_data, tmp_path, monkeypatch)
     ("encoder", ["linear", "nonlinear", "identity"], ["--model.vocab_size=258"]),
     ("kvo", ["linear", "q-nonlinear", "k-nonlinear", "v-nonlinear", "o-nonlinear", "qk-nonlinear"], []),
 ])
+@pytest.mark.slow
 def test_named_study_runs_on_a_tiny_override(byte_data, tmp_path, name, variants, extra):
     result = subprocess.run([sys.executable, "-m", "nlq", "study", name, "--out", str(tmp_path), "--data", str(byte_data),
                              *TINY, *extra], capture_output=True, text=True)
@@ -77,6 +79,7 @@ def test_named_study_runs_on_a_tiny_override(byte_data, tmp_path, name, variants
     assert len(json.loads((tmp_path / "study.json").read_text())["runs"]) == 3 * len(variants)
 
 
+@pytest.mark.slow
 def test_paper_study_runs_end_to_end_on_a_tiny_override(byte_data, tmp_path):
     overrides = [o for o in TINY if "batch_size" not in o] + ["--train.batch_tokens=128", "--train.batch_size=2",
                                                               "--train.checkpoint_every=3", "--data.eval_windows=4"]
@@ -158,11 +161,13 @@ def test_report_numbers_on_synthetic_runs(tmp_path):
     assert "| nonlinear | 2.9500 | 1,414 | +41.4% |" in markdown
 
 
+@pytest.mark.slow
 def test_report_on_a_missing_study_is_a_clear_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "nlq", "report", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 2 and "not a study directory" in result.stderr
 
 
+@pytest.mark.slow
 def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path):
     """The scaling study on a tiny width: the lr sweep picks each variant's lr, then one WSD stable run per
     (variant, seed) branches a cooldown at every budget; the report pairs each budget's variants by seed."""

@@ -59,6 +59,7 @@ def test_bad_task_settings_are_clear_errors(kwargs, needle):
         Task(**kwargs)
 
 
+@pytest.mark.slow
 def test_a_tiny_model_learns_mqar_with_few_pairs(tmp_path):
     """A real property at test size: 2 layers of width 64 learn 2-pair recall over 8 keys to >= 90% held-out
     accuracy on the answer positions. Chance is 1/8; picking one of the two stored values gives ~58%, where it
@@ -78,6 +79,7 @@ def test_a_tiny_model_learns_mqar_with_few_pairs(tmp_path):
     assert [r for r in records if "train_acc" in r][-1]["train_acc"] >= 0.9
 
 
+@pytest.mark.slow
 def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path):
     from nlq.studies import probes
     from nlq.studies.registry import build_report

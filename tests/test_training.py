@@ -69,6 +69,7 @@ KILL_WHILE_SAVING = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous_one(byte_data, tmp_path):
     config = tiny_run_config(byte_data, max_steps=9, checkpoint_every=3, keep_checkpoints=5)
     save_config(config, tmp_path / "config.json")
@@ -168,6 +169,7 @@ def trained_run(byte_data, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_cli_train_eval_sample(trained_run, tmp_path):
     assert json.loads((trained_run / "config.json").read_text())["model"]["vocab_size"] == 257
     code, out, err = nlq("eval", trained_run)
@@ -181,6 +183,7 @@ def test_cli_train_eval_sample(trained_run, tmp_path):
     assert code == code2 == 0 and first == second and first.startswith("Shall")
 
 
+@pytest.mark.slow
 def test_cli_resume_continues_with_saved_config(trained_run, byte_data, tmp_path):
     import shutil
 
@@ -205,6 +208,7 @@ def test_cli_resume_continues_with_saved_config(trained_run, byte_data, tmp_path
     (["eval", "{run}", "--text", "{tmp}/none.txt"], "does not exist"),
     (["eval", "{run}", "--train.lr=1"], "takes only --data.* overrides"),
 ])
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line(trained_run, byte_data, tmp_path, args, needle):
     (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
     (tmp_path / "truncated.pt").write_bytes(b"PK\x03\x04 then nothing")

@@ -39,9 +39,10 @@ def _checked_model(fields: dict, where: str) -> ModelConfig:
             isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)))) or (
             kind is type(None) and isinstance(value, str))
         if wrong:
-            raise UserError(f"{where}: its model setting {key} is {value!r} ({type(value).__name__}), not "
-                            f"{'an integer' if kind is int else 'a number' if kind is float else 'true or false'}; "
-                            f"the file was not written by the code it claims, or was edited: nothing imported")
+            wanted = kind.__name__ if kind is not type(None) else "number"
+            raise UserError(f"{where}: model.{key}={value!r} is not a valid {wanted} (a {type(value).__name__} in the "
+                            f"file where a {wanted} belongs: not written by the code it claims, or edited); nothing "
+                            f"imported")
     model = update(RunConfig(), {"model": fields}).model
     ckpt.check_model_fits(model, where)
     return model
