@@ -208,7 +208,7 @@ class TrainConfig:
     objective: Literal["clm", "mlm"] = "clm"  # next-token prediction (causal), or BERT-style masked LM (encoder)
     mask_prob: float = 0.15  # mlm: share of positions chosen (80% mask token, 10% random, 10% unchanged)
     # The training loss's LM head: plain (builds the logits), chunked (PyTorch's F.linear_cross_entropy, never stores
-    # them; docs/PERFORMANCE.md), liger (Liger-Kernel, CUDA), auto (chunked; plain for a task, which needs logits)
+    # them; docs/PERFORMANCE.md), liger (Liger-Kernel, CUDA), auto (chunked on CPU; plain on GPUs and for tasks)
     loss_impl: Literal["auto", "plain", "chunked", "liger"] = "auto"
     loss_chunk: int = 512  # chunked: rows of the (batch x context) hidden states per chunk
 

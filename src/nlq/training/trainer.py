@@ -50,11 +50,12 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
 
 
 def loss_impl(config: RunConfig, scores_answers: bool, device: torch.device) -> str:
-    """train.loss_impl resolved for this run ("auto": chunked where this torch has F.linear_cross_entropy, plain for
-    a synthetic task, whose answer accuracy needs the logits); a combination that cannot work is a one-line error."""
+    """train.loss_impl resolved for this run ("auto": chunked on a CPU where this torch has F.linear_cross_entropy,
+    as measured in docs/PERFORMANCE.md; plain on other devices until measured there, and for a synthetic task,
+    whose answer accuracy needs the logits); a combination that cannot work is a one-line error."""
     impl, chunked_here = config.train.loss_impl, hasattr(torch.nn.functional, "linear_cross_entropy")
     if impl == "auto":
-        return "chunked" if chunked_here and not scores_answers else "plain"
+        return "chunked" if chunked_here and not scores_answers and device.type == "cpu" else "plain"
     if impl != "plain" and scores_answers:
         raise UserError(f"train.loss_impl={impl} never builds the logits, and data.task={config.data.task} scores its "
                         f"answers from them; use train.loss_impl=plain (or auto)")
