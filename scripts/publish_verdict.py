@@ -20,9 +20,8 @@ import re
 import sys
 from pathlib import Path
 
-from collect_results import collect
-
 from nlq.fileio import atomic_write
+from nlq.studies.collect import collect
 from nlq.studies.registry import build_report
 from nlq.studies.tables import interval_text
 

@@ -230,3 +230,19 @@ def test_verdict_explore_agrees_with_the_verdict_report_on_the_committed_runs():
     diff = statistics.fmean(a) - statistics.fmean(b)
     assert w["mean"] == pytest.approx(diff) and w["low"] == pytest.approx(diff - half)
     assert w["high"] == pytest.approx(diff + half)
+
+
+def test_report_collect_copies_the_finished_runs_without_checkpoints_and_reports_there(tmp_path, capsys):
+    from nlq.cli import main
+
+    study = tmp_path / "study"
+    verdict_study(study, pairs=3)
+    (study / "runs" / "unfinished").mkdir()  # no summary: not copied
+    for run in (study / "runs").iterdir():
+        (run / "config.json").write_text("{}")
+        (run / "checkpoints").mkdir(exist_ok=True)
+        (run / "checkpoints" / "step_0000001.pt").write_bytes(b"x")
+    main(["report", str(study), "--collect", str(tmp_path / "results")])
+    copied = sorted(p.name for p in (tmp_path / "results" / "runs").iterdir())
+    assert copied and "unfinished" not in copied and not list((tmp_path / "results").rglob("*.pt"))
+    assert (tmp_path / "results" / "report.md").is_file() and "finished runs ->" in capsys.readouterr().out

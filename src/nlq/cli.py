@@ -2,6 +2,7 @@
 
 A user mistake (bad flag, value, path, file) exits with status 2 and a one-line message, never a traceback.
 Each command imports what it needs when it runs (torch and the rest are heavy), so `nlq --help` starts at once.
+(lines: every subcommand and its parser stay in this one file, so the command-line surface reads in one place.)
 """
 
 from __future__ import annotations
@@ -149,13 +150,16 @@ def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_report(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nlq.studies.collect import collect
     from nlq.studies.registry import build_report
 
     if overrides:
         raise UserError(f"nlq report takes no config overrides (got {' '.join(overrides)})")
     if not Path(args.study_dir).is_dir():
         raise UserError(f"study directory {args.study_dir} does not exist")
-    print(build_report(args.study_dir))
+    if args.collect:  # the small files and finished runs into OUT (e.g. results/NAME), then the report there
+        print(f"{collect(Path(args.study_dir), Path(args.collect))} finished runs -> {args.collect}")
+    print(build_report(args.collect or args.study_dir))
 
 
 def cmd_reproduce(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -290,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="tables, paired statistics and plots of a study")
     p.add_argument("study_dir")
+    p.add_argument("--collect", metavar="OUT", help="copy the small files and finished runs (no checkpoints) to OUT first")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (safetensors + tokenizer)")

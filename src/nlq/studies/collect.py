@@ -1,11 +1,12 @@
 """Copy a study's small files into the repository (results/NAME), enough for `nlq report` to regenerate its
 report from them: study.json, report.md, results.csv, plots, and per finished run config.json, summary.json
-and metrics.jsonl thinned to its evaluations plus every `--every`-th training step. No checkpoints or weights.
+and metrics.jsonl thinned to its evaluations plus every `every`-th training step. No checkpoints or weights.
 
-    python scripts/collect_results.py STUDY_DIR results/NAME [--every 100]
+    nlq report STUDY_DIR --collect results/NAME     (copies, then writes the report there)
 """
 
-import argparse
+from __future__ import annotations
+
 import json
 import shutil
 from pathlib import Path
@@ -40,17 +41,3 @@ def collect(study_dir: Path, out: Path, every: int = 100) -> int:
         (target / "metrics.jsonl").write_text(thin(run / "metrics.jsonl", every))
         copied += 1
     return copied
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("study_dir", type=Path)
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--every", type=int, default=100)
-    args = parser.parse_args()
-    copied = collect(args.study_dir, args.out, args.every)
-    print(f"{copied} finished runs of {args.study_dir} -> {args.out}")
-
-
-if __name__ == "__main__":
-    main()
