@@ -18,12 +18,11 @@ from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.scaling import base as scaling_base
 from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed
-from nlq.studies.study import DataSpec, Run, Study
+from nlq.studies.study import Run, Study
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 from nlq.studies.wsd import chain_tokens, wsd_chain
 
 SETTINGS = load_plan(SHIPPED / "verdict.toml").design  # the design as registered: plans/verdict.toml
-DATA = DataSpec("pypkg", "bpe:2048")
 
 
 def arm_runs(study: Study, study_dir: Path, names: list[str]) -> list[Run]:
