@@ -48,7 +48,7 @@ def test_console_entry_point_runs():
     assert result.returncode == 2 and result.stderr.strip().startswith("nlq info: error: model.n_embd=64")
 
 
-def test_train_help_lists_every_config_field_with_default_and_choices():
+def test_train_help_lists_every_config_field_with_default_choices_and_help():
     import dataclasses
 
     from nlq.config import RunConfig
@@ -58,11 +58,23 @@ def test_train_help_lists_every_config_field_with_default_and_choices():
             value = getattr(obj, f.name)
             yield from leaves(value, f"{prefix}.{f.name}") if dataclasses.is_dataclass(value) else [f"{prefix}.{f.name}"]
 
+    def helps(obj):
+        for f in dataclasses.fields(obj):
+            assert f.metadata.get("help", "").strip(), f"{type(obj).__name__}.{f.name} has no help text"
+            if dataclasses.is_dataclass(getattr(obj, f.name)):
+                helps(getattr(obj, f.name))
+
     expected = [key for section in ("model", "data", "train", "dist") for key in leaves(getattr(RunConfig(), section), section)]
     out = subprocess.run([sys.executable, "-m", "nlq", "train", "--help"], capture_output=True, text=True).stdout
     listed = [line.split("=")[0].strip()[2:] for line in out.splitlines() if line.startswith("  --") and "." in line.split("=")[0]]
     assert listed == expected
     assert "--model.query=STR  (default 'linear'; choices: linear, identity, residual, nonlinear)" in out
+    helps(RunConfig())  # every field, sections included, carries its help text, and --help prints it under the flag
+    lines = out.splitlines()
+    flag = next(i for i, line in enumerate(lines) if line.startswith("  --train.loss_chunk="))
+    assert lines[flag + 1].strip() == dataclasses.fields(RunConfig().train)[-1].metadata["help"]
+    flags = [i for i, line in enumerate(lines) if line.startswith("  --") and "." in line.split("=")[0]]
+    assert all(lines[i + 1].startswith("      ") and lines[i + 1].strip() for i in flags)
 
 
 def test_preset_help_lists_every_preset(capsys):

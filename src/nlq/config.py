@@ -4,7 +4,10 @@ A run is described by four sections (model, data, train, dist). Each is a datacl
 __post_init__, so a bad value fails when the config is built, not deep inside forward(). A field with a fixed
 set of values declares it once, as its Literal type; the projection and activation names come from the
 registries in projections.py. `update` applies nested {section: {field: value}} values with type conversion;
-overrides.py reads them from files and from --section.field=value arguments.
+overrides.py reads them from files and from --section.field=value arguments. Every field carries its help text
+(`setting`), which `nlq train --help` prints.
+
+lines: every field, its help and its checks live in one module, so --help and validation read one place.
 """
 
 from __future__ import annotations
@@ -49,14 +52,26 @@ def _check_literals(section: Any, prefix: str) -> None:
             _one_of(prefix, f.name, getattr(section, f.name), choices)
 
 
+def setting(default: Any, help: str) -> Any:
+    """A config field with its help text (printed by `nlq train --help`); a dataclass default becomes its factory."""
+    if isinstance(default, type):
+        return field(default_factory=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def field_help(section_cls: type) -> dict[str, str]:
+    """The help text of each field of a config section."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(section_cls)}
+
+
 @dataclass
 class ProjectionsConfig:
     """Which projection (projections.py) computes Q, K, V and the output; q is model.query's other name (moved there)."""
 
-    q: str | None = None
-    k: str = "linear"
-    v: str = "linear"
-    o: str = "linear"
+    q: str | None = setting(None, "the query's projection: model.query's other name, read into it")
+    k: str = setting("linear", "the key projection (projections.py)")
+    v: str = setting("linear", "the value projection")
+    o: str = setting("linear", "the attention output projection")
 
     def __post_init__(self) -> None:
         for name in ("q", "k", "v", "o"):
@@ -67,32 +82,31 @@ class ProjectionsConfig:
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 50304
-    block_size: int = 1024  # context length in tokens
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    mlp_ratio: float = 4.0  # MLP hidden width = round(mlp_ratio * n_embd)
-    mlp_activation: Literal["gelu", "gelu_tanh"] = "gelu"  # exact (the paper's) or GPT-2's tanh approximation
-    causal: bool = True  # True: decoder (GPT); False: bidirectional encoder
-    bias: bool = False
-    dropout: float = 0.0
-    tie_embeddings: bool = True
-    # The research axis: how the attention query is projected (see projections.py).
-    query: str = "linear"
-    query_rank: int | None = None  # bottleneck r of the nonlinear query; None means n_embd // 2
-    query_activation: str = "gelu"
-    query_in_norm: bool = True  # RMSNorm before W1
-    query_out_norm: bool = True  # LayerNorm after W2
-    projections: ProjectionsConfig = field(default_factory=ProjectionsConfig)  # per-placement choice (q, k, v, o)
-    attn_scale: float | None = None  # explicit softmax scale; None: see Attention in model.py
-    attn_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernels, or the explicit softmax(QK^T)V
-    norm_eps: float = 1e-5
-    # LLaMA-style options, usable with any projection
-    qk_norm: bool = False  # per-head RMSNorm on q and k before the dot product
-    position: Literal["learned", "rope"] = "learned"  # learned absolute positions, or rotary (no position embedding)
-    rope_theta: float = 10000.0
-    n_kv_head: int | None = None  # grouped-query attention: key/value heads; None means n_head
+    vocab_size: int = setting(50304, "token embeddings and LM-head rows; at least the tokenizer's vocabulary")
+    block_size: int = setting(1024, "context length in tokens")
+    n_layer: int = setting(12, "transformer blocks")
+    n_head: int = setting(12, "attention heads (query heads with n_kv_head)")
+    n_embd: int = setting(768, "model width d")
+    mlp_ratio: float = setting(4.0, "MLP hidden width = round(mlp_ratio * n_embd)")
+    mlp_activation: Literal["gelu", "gelu_tanh"] = setting("gelu", "exact GELU (the paper's) or GPT-2's tanh form")
+    causal: bool = setting(True, "True: decoder (GPT); False: bidirectional encoder")
+    bias: bool = setting(False, "biases in the attention, MLP and LayerNorm layers")
+    dropout: float = setting(0.0, "dropout on attention weights, residual branches and embeddings")
+    tie_embeddings: bool = setting(True, "the LM head shares the token embedding matrix")
+    # The research axis: how the attention query is projected (projections.py, docs/PROJECTIONS.md).
+    query: str = setting("linear", "the query projection: linear (X W_Q), identity, residual, nonlinear ((X + f(X))/2)")
+    query_rank: int | None = setting(None, "bottleneck r of the nonlinear query; None: n_embd // 2 (d^2 parameters)")
+    query_activation: str = setting("gelu", "the nonlinear query's activation")
+    query_in_norm: bool = setting(True, "nonlinear query: RMSNorm before W1")
+    query_out_norm: bool = setting(True, "nonlinear query: LayerNorm after W2")
+    projections: ProjectionsConfig = setting(ProjectionsConfig, "per-placement projections (q, k, v, o)")
+    attn_scale: float | None = setting(None, "explicit softmax scale; None: 1/sqrt(head size) (Attention in model.py)")
+    attn_impl: Literal["sdpa", "math"] = setting("sdpa", "fused SDPA kernels, or the explicit softmax(QK^T)V")
+    norm_eps: float = setting(1e-5, "epsilon of every LayerNorm/RMSNorm")
+    qk_norm: bool = setting(False, "per-head RMSNorm on q and k before the dot product (LLaMA-style option)")
+    position: Literal["learned", "rope"] = setting("learned", "learned absolute positions, or rotary (RoPE)")
+    rope_theta: float = setting(10000.0, "RoPE's base wavelength")
+    n_kv_head: int | None = setting(None, "grouped-query attention: key/value heads; None: n_head")
 
     def __post_init__(self) -> None:
         if self.projections.q is not None:  # one name per field: model.projections.q is read as model.query
@@ -157,17 +171,17 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dir: str = ""  # prepared data directory (nlq prepare); --data sets it
-    batch_mode: Literal["random", "epoch"] = "random"  # windows with replacement (the paper), or shuffled epochs
-    eval_windows: int = 64  # size of the fixed eval set, in context windows
-    eval_seed: int = 2357  # the eval windows depend on this alone, so every run sees the same ones
-    # "full": the final step is also scored on the whole val split (every non-overlapping window), recorded as
-    # full_val_loss (and full_val_bpb, full_val_tokens) beside the fixed windows' val_loss
-    final_eval: Literal["windows", "full"] = "windows"
-    # A synthetic task generated on the fly instead of token shards (data/tasks.py): mqar, lookup, selective-copy
-    task: Literal["", "mqar", "lookup", "selective-copy"] = ""
-    task_vocab: int = 64  # keys and values each (mqar, lookup: a square), or data tokens (selective-copy)
-    task_pairs: int = 8  # stored key-value pairs, or tokens to copy
+    dir: str = setting("", "prepared data directory (nlq prepare); --data sets it")
+    batch_mode: Literal["random", "epoch"] = setting("random", "windows drawn with replacement (the paper's), or "
+                                                               "shuffled epochs")
+    eval_windows: int = setting(64, "size of the fixed eval set, in context windows")
+    eval_seed: int = setting(2357, "the eval windows depend on this alone, so every run sees the same ones")
+    final_eval: Literal["windows", "full"] = setting("windows", "full: the final step is also scored on the whole val "
+                                                     "split, recorded as full_val_loss")
+    task: Literal["", "mqar", "lookup", "selective-copy"] = setting("", "a synthetic task generated on the fly "
+                                                                    "(data/tasks.py) instead of token shards")
+    task_vocab: int = setting(64, "task keys and values each (mqar, lookup), or data tokens (selective-copy)")
+    task_pairs: int = setting(8, "task: stored key-value pairs, or tokens to copy")
 
     def __post_init__(self) -> None:
         _check_literals(self, "data")
@@ -178,39 +192,39 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    seed: int = 1337  # model init, dropout and the training batch plan
-    max_steps: int = 1000
-    batch_size: int = 8  # micro-batch rows per process and forward pass
-    batch_tokens: int | None = None  # global batch in tokens; None: batch_size * block_size (no accumulation)
-    lr: float = 6e-4
-    min_lr: float = 6e-5
-    warmup_steps: int = 100
-    schedule: Literal["cosine", "wsd"] = "cosine"  # or warmup-stable-decay; training/schedule.py
-    decay_steps: int | None = None  # step at which the schedule reaches min_lr; None: max_steps
-    cooldown_fraction: float = 0.2  # wsd: share of decay_steps spent cooling down (1 - sqrt) to min_lr
-    resume_from: str | None = None  # start a new run from another run's checkpoint (weights, optimizer, step)
-    init_from: str | None = None  # start from weights only (an nlq run or checkpoint, or a Hugging Face GPT-2
-    # directory); a fresh optimizer at step 0. Projections that differ from the source's start fresh.
-    weight_decay: float = 0.1  # applied to >= 2-D parameters only
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # 0 disables clipping
-    eval_every: int = 100
-    checkpoint_every: int = 0  # 0: only at the end
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    device: str = "auto"  # auto: cuda when present, else cpu
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 autocast on cuda, float32 on cpu
-    compile: bool = False
-    peak_tflops: float | None = None  # for the MFU estimate; None: known GPUs only
-    tensorboard: bool = False
-    wandb: bool = False
-    objective: Literal["clm", "mlm"] = "clm"  # next-token prediction (causal), or BERT-style masked LM (encoder)
-    mask_prob: float = 0.15  # mlm: share of positions chosen (80% mask token, 10% random, 10% unchanged)
-    # The training loss's LM head: plain (builds the logits), chunked (PyTorch's F.linear_cross_entropy, never stores
-    # them; docs/PERFORMANCE.md), liger (Liger-Kernel, CUDA), auto (chunked on CPU; plain on GPUs and for tasks)
-    loss_impl: Literal["auto", "plain", "chunked", "liger"] = "auto"
-    loss_chunk: int = 512  # chunked: rows of the (batch x context) hidden states per chunk
+    seed: int = setting(1337, "model init (per parameter name), dropout and the training batch plan")
+    max_steps: int = setting(1000, "optimizer steps")
+    batch_size: int = setting(8, "micro-batch rows per process and forward pass")
+    batch_tokens: int | None = setting(None, "global batch in tokens; None: batch_size * block_size (no accumulation)")
+    lr: float = setting(6e-4, "peak learning rate")
+    min_lr: float = setting(6e-5, "learning rate at the end of the decay")
+    warmup_steps: int = setting(100, "linear warmup steps from 0 to lr")
+    schedule: Literal["cosine", "wsd"] = setting("cosine", "cosine decay, or warmup-stable-decay (training/schedule.py)")
+    decay_steps: int | None = setting(None, "step at which the schedule reaches min_lr; None: max_steps")
+    cooldown_fraction: float = setting(0.2, "wsd: share of decay_steps spent cooling down (1 - sqrt) to min_lr")
+    resume_from: str | None = setting(None, "start a new run from another run's checkpoint (weights, optimizer, step)")
+    init_from: str | None = setting(None, "start from weights only (an nlq run or checkpoint, or a Hugging Face GPT-2 "
+                                          "directory) with a fresh optimizer; differing projections start fresh")
+    weight_decay: float = setting(0.1, "AdamW decoupled weight decay, on >= 2-D parameters only")
+    beta1: float = setting(0.9, "AdamW beta1")
+    beta2: float = setting(0.95, "AdamW beta2")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 disables clipping")
+    eval_every: int = setting(100, "steps between evaluations on the fixed val windows")
+    checkpoint_every: int = setting(0, "steps between checkpoints; 0: only at the end")
+    keep_checkpoints: int = setting(2, "newest checkpoints kept in the run directory")
+    log_every: int = setting(10, "steps between train-loss lines in metrics.jsonl")
+    device: str = setting("auto", "auto (cuda when present, else cpu), cpu, cuda, cuda:N or mps")
+    dtype: Literal["auto", "float32", "bfloat16"] = setting("auto", "auto: bfloat16 autocast on cuda, float32 on cpu")
+    compile: bool = setting(False, "torch.compile the model")
+    peak_tflops: float | None = setting(None, "peak TFLOP/s for the MFU estimate; None: known GPUs only")
+    tensorboard: bool = setting(False, "also log to TensorBoard (RUN/tensorboard)")
+    wandb: bool = setting(False, "also log to Weights & Biases")
+    objective: Literal["clm", "mlm"] = setting("clm", "next-token prediction (causal), or BERT-style masked LM")
+    mask_prob: float = setting(0.15, "mlm: share of positions chosen (80% mask token, 10% random, 10% unchanged)")
+    loss_impl: Literal["auto", "plain", "chunked", "liger"] = setting(
+        "auto", "the LM head's training loss: plain (builds the logits), chunked (F.linear_cross_entropy), liger "
+                "(Liger-Kernel, CUDA), auto (chunked on CPU; plain on GPUs and for tasks)")
+    loss_chunk: int = setting(512, "chunked: rows of the (batch x context) hidden states per chunk")
 
     def __post_init__(self) -> None:
         _check_literals(self, "train")
@@ -237,10 +251,11 @@ class TrainConfig:
 
 @dataclass
 class DistConfig:
-    strategy: Literal["ddp", "fsdp"] = "ddp"  # when torchrun starts more than one process (fsdp: FSDP2 fully_shard)
-    nproc: int = 1  # studies: start each run with torchrun --nproc_per_node=nproc
-    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on cuda, gloo on cpu
-    timeout_s: int = 300  # a collective that waits longer fails instead of hanging
+    strategy: Literal["ddp", "fsdp"] = setting("ddp", "when torchrun starts more than one process: DDP, or FSDP2 "
+                                                      "fully_shard")
+    nproc: int = setting(1, "studies: start each run with torchrun --nproc_per_node=nproc")
+    backend: Literal["auto", "gloo", "nccl"] = setting("auto", "process-group backend; auto: nccl on cuda, gloo on cpu")
+    timeout_s: int = setting(300, "a collective that waits longer fails instead of hanging")
 
     def __post_init__(self) -> None:
         _check_literals(self, "dist")
@@ -250,10 +265,10 @@ class DistConfig:
 
 @dataclass
 class RunConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    dist: DistConfig = field(default_factory=DistConfig)
+    model: ModelConfig = setting(ModelConfig, "the network")
+    data: DataConfig = setting(DataConfig, "what it reads")
+    train: TrainConfig = setting(TrainConfig, "the optimizer, schedule, loop and logging")
+    dist: DistConfig = setting(DistConfig, "multi-process training (torchrun)")
 
     def __post_init__(self) -> None:
         if self.train.objective == "mlm" and self.model.causal:

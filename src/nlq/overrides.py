@@ -8,7 +8,7 @@ import json
 import typing
 from pathlib import Path
 
-from nlq.config import SECTIONS, RunConfig, field_types, literal_choices, update
+from nlq.config import SECTIONS, RunConfig, field_help, field_types, literal_choices, update
 from nlq.errors import ConfigError
 from nlq.projections import ACTIVATION_MODULES, PROJECTIONS
 
@@ -98,7 +98,8 @@ def field_choices() -> dict[str, tuple]:
 
 
 def describe_fields(config: RunConfig | None = None) -> list[str]:
-    """One line per config field: --section.field=TYPE, its default (or the given config's value), choices."""
+    """Two lines per config field: --section.field=TYPE with its default (or the given config's value) and choices,
+    then its help text."""
     config = config or RunConfig()
     choices, lines = field_choices(), []
 
@@ -109,7 +110,7 @@ def describe_fields(config: RunConfig | None = None) -> list[str]:
         return " | ".join(names).upper().replace("NONETYPE", "none")
 
     def visit(obj, prefix: str) -> None:
-        hints = field_types(type(obj))
+        hints, helps = field_types(type(obj)), field_help(type(obj))
         for f in dataclasses.fields(obj):
             key, value = f"{prefix}.{f.name}", getattr(obj, f.name)
             if dataclasses.is_dataclass(value):
@@ -117,6 +118,7 @@ def describe_fields(config: RunConfig | None = None) -> list[str]:
                 continue
             extra = f"; choices: {', '.join(map(str, choices[key]))}" if key in choices else ""
             lines.append(f"  --{key}={kind_of(hints[f.name])}  (default {value!r}{extra})")
+            lines.append(f"      {helps[f.name]}")
 
     for section in SECTIONS:
         visit(getattr(config, section), section)
