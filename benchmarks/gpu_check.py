@@ -35,7 +35,8 @@ def run(command: list[str], log: Path, timeout: int) -> tuple[int, float]:
     print(f"$ {' '.join(command)}", flush=True)
     start = time.perf_counter()
     with open(log, "w") as f:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
         try:
             for line in process.stdout:
                 print(line, end="", flush=True)
@@ -86,7 +87,8 @@ def main() -> None:
     summary["gpu_tests"] = {"exit_code": code, "seconds": round(seconds, 1),
                             "last_line": ((out / "gpu_tests.txt").read_text().strip().splitlines() or [""])[-1]}
 
-    shape = (["--preset", "nano", "--device", "cpu", "--rounds", "2", "--steps", "1", "--batch-size", "4"] if args.dry_run
+    shape = (["--preset", "nano", "--device", "cpu", "--rounds", "2", "--steps", "1", "--batch-size", "4"]
+             if args.dry_run
              else ["--preset", "gpt3-small", "--device", "cuda", "--dtype", "bfloat16", "--compile", "--batch-size",
                    "auto", "--rounds", "8", "--steps", "3"])
     code, seconds = run([py, "benchmarks/throughput.py", "--variants", "linear,nonlinear,linear:mlp4.75", *shape,
@@ -110,7 +112,8 @@ def main() -> None:
         run([py, "-m", "nlq", "prepare", "--source", "python-stdlib", "--tokenizer", "bpe:8192", "--out", data],
             out / "prepare.txt", 180)
     run_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"nlq-gpu-check-{os.getpid()}"
-    training = (["--preset", "nano", "--train.max_steps=20", "--train.device=cpu", "--train.eval_every=10"] if args.dry_run
+    training = (["--preset", "nano", "--train.max_steps=20", "--train.device=cpu", "--train.eval_every=10"]
+                if args.dry_run
                 else ["--preset", "gpt3-small", "--train.max_steps=300", "--train.warmup_steps=30",
                       "--train.batch_tokens=98304", "--train.batch_size=24", "--train.eval_every=100",
                       "--train.compile=true", "--train.lr=1e-3", "--train.min_lr=1e-4", "--data.eval_windows=96"])
@@ -122,16 +125,20 @@ def main() -> None:
     losses = [r["train_loss"] for r in records if "train_loss" in r]
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     summary["training"] = {"exit_code": code, "seconds": round(seconds, 1), "steps": len(losses),
-                           "first_train_loss": losses[0] if losses else None, "last_train_loss": losses[-1] if losses else None,
-                           "val_losses": vals, "all_finite": all(v is not None and math.isfinite(v) for v in losses + vals),
-                           "median_tokens_per_s": sorted(r["tokens_per_s"] for r in records if "tokens_per_s" in r)[len(losses) // 2] if losses else None,
+                           "first_train_loss": losses[0] if losses else None,
+                           "last_train_loss": losses[-1] if losses else None,
+                           "val_losses": vals, "all_finite": all(v is not None and math.isfinite(v)
+                                                                 for v in losses + vals),
+                           "median_tokens_per_s": sorted(r["tokens_per_s"] for r in records
+                                                         if "tokens_per_s" in r)[len(losses) // 2] if losses else None,
                            "mfu": [r["mfu"] for r in records if "mfu" in r][-1:] or None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = ["# GPU check", "", "```", env_text, "```", "", f"- tests: {summary['gpu_tests']['last_line']}"]
     for name, result in (summary["throughput"].get("variants") or {}).items():
         mfu = f", MFU {result['mfu']:.1%}" if result.get("mfu") else ""
         mem = f", peak {result['peak_memory_gib']:.1f} GiB" if result.get("peak_memory_gib") else ""
-        lines.append(f"- {name}: {result['tokens_per_s']:,.0f} tokens/s, step x{result['ratio_to_first']:.3f}{mfu}{mem}")
+        lines.append(f"- {name}: {result['tokens_per_s']:,.0f} tokens/s, "
+                     f"step x{result['ratio_to_first']:.3f}{mfu}{mem}")
     t = summary["training"]
     lines.append(f"- training: {t['steps']} steps, train loss {t['first_train_loss']} -> {t['last_train_loss']}, "
                  f"val {t['val_losses']}, all finite: {t['all_finite']}")

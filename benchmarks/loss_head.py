@@ -101,7 +101,8 @@ def head_alone(chunk: int, rounds: int) -> dict:
     w = (0.02 * torch.randn(vocab, d)).requires_grad_()
     y = torch.randint(0, vocab, (rows,))
     options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk)
-    calls = {"plain": lambda: F.cross_entropy(h @ w.T, y), "chunked": lambda: F.linear_cross_entropy(h, w, y, options=options)}
+    calls = {"plain": lambda: F.cross_entropy(h @ w.T, y),
+             "chunked": lambda: F.linear_cross_entropy(h, w, y, options=options)}
     times = {name: [] for name in calls}
     for i in range(rounds + 3):
         for name, call in calls.items():
@@ -140,7 +141,8 @@ def memory_probe(impl: str, chunk: int) -> None:
 def memory(chunk: int) -> dict:
     out = {}
     for impl in ("plain", "chunked"):
-        result = subprocess.run([sys.executable, __file__, "--memory", impl, "--chunk", str(chunk)], capture_output=True,
+        result = subprocess.run([sys.executable, __file__, "--memory", impl, "--chunk", str(chunk)],
+                                capture_output=True,
                                 text=True, check=True)
         out[impl] = json.loads(result.stdout.strip().splitlines()[-1])
     return out
@@ -219,7 +221,8 @@ def main() -> None:
     if args.device == "cuda":
         results = cuda_head(args.rows, args.chunk, args.rounds)
         for name, row in results["impls"].items():
-            print(f"{name}: {row['ms']:.2f} ms, +{row['extra_peak_mb']:,.0f} MB peak, loss diff {row['loss_diff']:.2e}, "
+            print(f"{name}: {row['ms']:.2f} ms, +{row['extra_peak_mb']:,.0f} MB peak, loss diff "
+                  f"{row['loss_diff']:.2e}, "
                   f"grad diff {row['grad_diff']:.2e}")
         if args.json:
             with open(args.json, "w") as f:
@@ -249,7 +252,8 @@ def main() -> None:
 
 
 def report(r: dict) -> str:
-    lines = [f"torch {r['torch']}, CPU capability {r['cpu_capability']}, chunk {r['chunk']} rows, {r['rounds']} rounds, "
+    lines = [f"torch {r['torch']}, CPU capability {r['cpu_capability']}, chunk {r['chunk']} rows, {r['rounds']} "
+             "rounds, "
              f"{r['date_utc']} UTC", "",
              "| condition | query | plain ms/step | chunked ms/step | speed-up (median paired ratio) |",
              "|---|---|---|---|---|"]
@@ -258,13 +262,16 @@ def report(r: dict) -> str:
             lines.append(f"| {key.replace('_', ' ')} | {query} | {row['plain_ms']:.1f} | {row['chunked_ms']:.1f} | "
                          f"x{row['speedup']:.3f} |")
     head = r["head_alone_one_thread"]
-    lines += ["", f"Head alone (2048 x 64 @ 64 x 2048, forward and backward, one thread): plain {head['plain_ms']:.1f} ms, "
-              f"chunked {head['chunked_ms']:.1f} ms; FLOP limit {head['limit_ms']:.1f} ms ({head['flops'] / 1e9:.2f} "
-              f"GFLOP at the measured {head['matmul_peak_gflops']:.0f} GFLOP/s one-thread matmul peak)."]
+    lines += ["", "Head alone (2048 x 64 @ 64 x 2048, forward and backward, one thread): "
+              f"plain {head['plain_ms']:.1f} ms, chunked {head['chunked_ms']:.1f} ms; "
+              f"FLOP limit {head['limit_ms']:.1f} ms ({head['flops'] / 1e9:.2f} GFLOP at the measured "
+              f"{head['matmul_peak_gflops']:.0f} GFLOP/s one-thread matmul peak)."]
     mem = r["gpt3_small_head_memory"]
-    lines += [f"GPT-3-small head loss (4096 x 768 @ 768 x 50,304, fp32, 2 threads): plain +{mem['plain']['extra_peak_mb']:,.0f} "
+    lines += ["GPT-3-small head loss (4096 x 768 @ 768 x 50,304, fp32, 2 threads): plain "
+              f"+{mem['plain']['extra_peak_mb']:,.0f} "
               f"MB peak in {mem['plain']['seconds']:.1f} s, chunked +{mem['chunked']['extra_peak_mb']:,.0f} MB in "
-              f"{mem['chunked']['seconds']:.1f} s ({mem['plain']['extra_peak_mb'] / max(1.0, mem['chunked']['extra_peak_mb']):.1f}x "
+              f"{mem['chunked']['seconds']:.1f} s "
+              f"({mem['plain']['extra_peak_mb'] / max(1.0, mem['chunked']['extra_peak_mb']):.1f}x "
               "less memory)."]
     return "\n".join(lines)
 

@@ -15,7 +15,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
@@ -25,9 +24,8 @@ def main():
     parser.add_argument("--rows", type=int, default=12)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py, beside this file
-    from throughput import make_step, nanogpt_variant, nlq_variant
-
     from nlq.presets import get_preset
+    from throughput import make_step, nanogpt_variant, nlq_variant
 
     base = get_preset(args.preset)
     cfg, model, optimizer, _ = nlq_variant(args.query, base, {}, torch.device("cpu"))

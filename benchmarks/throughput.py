@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
+from nlq.config import TrainConfig
 from nlq.model import Attention, Transformer
 from nlq.presets import get_preset, with_model
-from nlq.config import TrainConfig
 from nlq.training.hardware import peak_flops, tune_allocator
 from nlq.training.trainer import make_optimizer
 
@@ -64,7 +64,8 @@ def nlq_variant(spec: str, base, changes: dict, device: torch.device):
         if isinstance(module, Attention):
             module.fused_input = "unfused" not in options
     optimizer = make_optimizer(model, base.train, device, sharded=False)
-    return cfg, model, optimizer, f"{model.num_parameters():,} non-embedding parameters, {model.flops_per_token():,} FLOPs/token"
+    about = f"{model.num_parameters():,} non-embedding parameters, {model.flops_per_token():,} FLOPs/token"
+    return cfg, model, optimizer, about
 
 
 def nanogpt_variant(path: str, cfg, train, device: torch.device):
@@ -157,8 +158,10 @@ def main():
     peak = peak_flops(TrainConfig(peak_tflops=args.peak_tflops), device, dtype)
     print(f"preset {args.preset} {changes or ''}, batch {batch_size} x {cfg.block_size}, {args.dtype}"
           f"{' compiled' if args.compile else ''}, {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f", {torch.get_num_threads()} threads")
-          + f", {args.rounds} rounds x {args.steps} steps, allocator {'default' if args.no_allocator_tuning else 'tuned'}")
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda"
+             else f", {torch.get_num_threads()} threads")
+          + f", {args.rounds} rounds x {args.steps} steps, allocator "
+            f"{'default' if args.no_allocator_tuning else 'tuned'}")
     times = {name: [] for name in steps}
     faults_before = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(args.rounds):
@@ -171,8 +174,9 @@ def main():
             times[name].append((time.perf_counter() - start) / args.steps)
     faults_after = resource.getrusage(resource.RUSAGE_SELF)
     n_steps = args.rounds * args.steps * len(steps)
-    print(f"minor page faults per step: {(faults_after.ru_minflt - faults_before.ru_minflt) / n_steps:,.1f}, system time "
-          f"per step: {(faults_after.ru_stime - faults_before.ru_stime) / n_steps * 1000:.1f} ms (all variants together)")
+    print(f"minor page faults per step: {(faults_after.ru_minflt - faults_before.ru_minflt) / n_steps:,.1f}, "
+          f"system time per step: {(faults_after.ru_stime - faults_before.ru_stime) / n_steps * 1000:.1f} ms "
+          "(all variants together)")
     first, results = specs[0], {}
     for name, values in times.items():
         median = statistics.median(values)
@@ -180,14 +184,16 @@ def main():
         results[name] = {"ms_per_step": median * 1000, "tokens_per_s": tokens / median, "ratio_to_first": paired,
                          "mfu": flops[name] * tokens / median / peak if peak and flops[name] else None,
                          "peak_memory_gib": memory.get(name)}
-        line = f"{name:>16}: {median * 1000:8.1f} ms/step  {tokens / median:9,.0f} tokens/s  step time x{paired:.3f} vs {first}"
+        line = (f"{name:>16}: {median * 1000:8.1f} ms/step  {tokens / median:9,.0f} tokens/s  "
+                f"step time x{paired:.3f} vs {first}")
         if results[name]["mfu"] is not None:
             line += f"  MFU {results[name]['mfu']:.1%}"
         if name in memory:
             line += f"  peak memory {memory[name]:.1f} GiB"
         print(line + " (median of per-round ratios)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"preset": args.preset, "batch_size": batch_size, "context": cfg.block_size,
+        Path(args.json).write_text(json.dumps({"preset": args.preset, "batch_size": batch_size,
+                                               "context": cfg.block_size,
                                                "dtype": args.dtype, "compile": args.compile, "device": str(device),
                                                "variants": results}, indent=2) + "\n")
 

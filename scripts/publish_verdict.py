@@ -56,7 +56,8 @@ def decision_text(outcome: dict) -> str:
     return (f"Δ = {outcome['endpoint']}({outcome['variant']}) - {outcome['endpoint']}({outcome['baseline']}): "
             f"{i['mean']:+.4f} nats, 95% interval {interval_text(i)} ({i['mean'] / outcome['baseline_mean']:+.2%} of "
             f"{outcome['baseline']}'s {outcome['baseline_mean']:.4f} nats, positive = worse; the paper, in this sign: "
-            f"-1.24% to -2.40%); equivalence within ±{outcome['margin']:g} {'shown' if tost['equivalent'] else 'not shown'} "
+            f"-1.24% to -2.40%); equivalence within ±{outcome['margin']:g} "
+            f"{'shown' if tost['equivalent'] else 'not shown'} "
             f"(two one-sided tests, p = {tost['p']:.3g}).")
 
 

@@ -68,7 +68,8 @@ def gap_over_training(study_dir: Path, runs: list[dict]) -> list[str]:
         lin = {s: curves[("linear", s)][step] for s in seeds}
         non = {s: curves[("nonlinear", s)][step] for s in seeds}
         p = paired(non, lin)
-        lines.append(row(f"{step:,}", "stable (128 windows)", p["n"], f"{np.mean(list(lin.values())):.4f}", interval(p)))
+        lines.append(row(f"{step:,}", "stable (128 windows)", p["n"], f"{np.mean(list(lin.values())):.4f}",
+                         interval(p)))
     for tpp in (100, 300):
         lin = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, variant="linear")
         non = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, variant="nonlinear")
@@ -108,7 +109,8 @@ def learning_rate(results: Path, verdict_runs: list[dict]) -> list[str]:
     for tpp in (100, 300):
         where = {"stage": "budget", "tpp": tpp, "width": "d64"}
         own = list(by_seed(scaling, "val_loss", variant="nonlinear", **where).values())
-        own_lr = {r["lr"] for r in scaling if r["variant"] == "nonlinear" and all(r.get(k) == v for k, v in where.items())}
+        own_lr = {r["lr"] for r in scaling if r["variant"] == "nonlinear"
+                  and all(r.get(k) == v for k, v in where.items())}
         for other in ("nonlinear", "linear"):
             shared = list(by_seed(verdict_runs, "val_loss", variant=other, **where).values())
             w = welch(own, shared)

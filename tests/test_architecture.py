@@ -1,7 +1,9 @@
-"""The shape of the package: imports point one way (no cycle among nlq's modules, none even through a
-function-local import), no private name is imported across modules, and every file stays readable."""
+"""The shape of the package: imports point one way (down the README's Layout, and no cycle among nlq's modules,
+none even through a function-local import), no private name is imported across modules, and every file stays
+readable."""
 
 import ast
+import re
 from pathlib import Path
 
 import nlq
@@ -71,6 +73,46 @@ def test_no_import_cycle_among_nlq_modules():
     assert find_cycle(edges) is None, " -> ".join(find_cycle(edges))
 
 
+def readme_layers() -> list[list[str]]:
+    """The Layout block of the README, top to bottom: per line, the nlq modules or packages it names."""
+    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    layers = []
+    for line in block.splitlines():
+        if line.startswith("src/nlq/"):
+            names = re.split(r"\s{2,}", line, maxsplit=1)[0].removeprefix("src/nlq/").split(", ")
+            layers.append(["nlq." + n.removesuffix(".py").rstrip("/") for n in names])
+    return layers
+
+
+def layer_of(module: str, layers: list[list[str]]) -> int | None:
+    top = ".".join(module.split(".")[:2])
+    return next((i for i, names in enumerate(layers) if top in names), None)
+
+
+def upward_imports(edges: dict[str, set[str]], layers: list[list[str]]) -> list[str]:
+    return sorted(f"{a} imports {b}" for a, targets in edges.items() if a != "nlq" for b in targets
+                  if layer_of(b, layers) > layer_of(a, layers))
+
+
+def test_imports_point_down_the_readme_layout():
+    """Every nlq module sits on one line of the README's Layout and imports only from its line or those above."""
+    edges, _ = graph()
+    layers = readme_layers()
+    assert len(layers) > 10, layers
+    unplaced = sorted(m for m in edges if m != "nlq" and layer_of(m, layers) is None)
+    assert not unplaced, f"modules the README's Layout does not list: {unplaced}"
+    assert not upward_imports(edges, layers), "imports that point up the README's Layout"
+
+
+def test_the_layer_check_finds_an_upward_import():
+    layers = [["nlq.errors"], ["nlq.config", "nlq.overrides"], ["nlq.studies"]]
+    edges = {"nlq.config": {"nlq.errors", "nlq.overrides"}, "nlq.studies.plan": {"nlq.config"}}
+    assert upward_imports(edges, layers) == []  # down, or along one line
+    edges["nlq.errors"] = {"nlq.studies.plan"}
+    assert upward_imports(edges, layers) == ["nlq.errors imports nlq.studies.plan"]
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
@@ -83,7 +125,8 @@ def test_no_private_name_is_imported_across_modules():
 
 def test_every_source_file_is_short_or_says_why():
     long = [str(f.relative_to(PACKAGE)) for f in PACKAGE.rglob("*.py")
-            if len(f.read_text().splitlines()) > 360 and "lines:" not in (ast.get_docstring(ast.parse(f.read_text())) or "")]
+            if len(f.read_text().splitlines()) > 360
+            and "lines:" not in (ast.get_docstring(ast.parse(f.read_text())) or "")]
     assert not long, f"over 360 lines without a 'lines:' reason in the docstring: {long}"
 
 

@@ -56,7 +56,8 @@ def test_train_help_lists_every_config_field_with_default_choices_and_help():
     def leaves(obj, prefix):
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            yield from leaves(value, f"{prefix}.{f.name}") if dataclasses.is_dataclass(value) else [f"{prefix}.{f.name}"]
+            key = f"{prefix}.{f.name}"
+            yield from leaves(value, key) if dataclasses.is_dataclass(value) else [key]
 
     def helps(obj):
         for f in dataclasses.fields(obj):
@@ -64,9 +65,11 @@ def test_train_help_lists_every_config_field_with_default_choices_and_help():
             if dataclasses.is_dataclass(getattr(obj, f.name)):
                 helps(getattr(obj, f.name))
 
-    expected = [key for section in ("model", "data", "train", "dist") for key in leaves(getattr(RunConfig(), section), section)]
+    expected = [key for section in ("model", "data", "train", "dist")
+                for key in leaves(getattr(RunConfig(), section), section)]
     out = subprocess.run([sys.executable, "-m", "nlq", "train", "--help"], capture_output=True, text=True).stdout
-    listed = [line.split("=")[0].strip()[2:] for line in out.splitlines() if line.startswith("  --") and "." in line.split("=")[0]]
+    listed = [line.split("=")[0].strip()[2:] for line in out.splitlines() if line.startswith("  --")
+              and "." in line.split("=")[0]]
     assert listed == expected
     assert "--model.query=STR  (default 'linear'; choices: linear, identity, residual, nonlinear)" in out
     helps(RunConfig())  # every field, sections included, carries its help text, and --help prints it under the flag

@@ -111,7 +111,8 @@ def test_projections_q_is_another_name_of_model_query_resolved_when_read(byte_da
     assert config.model.query == "nonlinear" and config.model.projections.q is None
     assert config.model.placements["q"] == "nonlinear"
     assert RunConfig.from_dict(config.to_dict()) == config
-    main(["train", "--data", str(byte_data), "--out", str(tmp_path / "run"), "--preset", "nano", "--model.vocab_size=257",
+    main(["train", "--data", str(byte_data), "--out", str(tmp_path / "run"), "--preset", "nano",
+          "--model.vocab_size=257",
           "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=2", "--train.max_steps=1",
           "--train.batch_size=2", "--data.eval_windows=2", "--model.projections.q=nonlinear"])
     assert "query=nonlinear" in capsys.readouterr().out

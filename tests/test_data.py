@@ -78,7 +78,8 @@ def test_gpt2_loads_from_local_files_and_round_trips(tmp_path):
 
 def test_gpt2_offline_is_a_clear_error(tmp_path):
     env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tmp_path), NLQ_GPT2_DIR="")
-    code = "from nlq.data.tokenizers import gpt2\ntry:\n    gpt2()\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    code = ("from nlq.data.tokenizers import gpt2\ntry:\n    gpt2()\n"
+            "except Exception as e:\n    print(type(e).__name__, e)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout
     assert out.startswith("UserError") and "gpt2:DIR" in out
 
@@ -86,7 +87,8 @@ def test_gpt2_offline_is_a_clear_error(tmp_path):
 # ---- sources and prepare ----------------------------------------------------------------------------
 
 def test_shakespeare_markup_is_stripped():
-    play = "# Title\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter ROMEO_\n\n**ROMEO**  \nHe jests at scars\\[1]  \n\n### SCENE II.\n\nx\n"
+    play = ("# Title\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter ROMEO_\n\n"
+            "**ROMEO**  \nHe jests at scars\\[1]  \n\n### SCENE II.\n\nx\n")
     scenes = split_scenes(play)
     assert len(scenes) == 2
     text = strip_play_markup(scenes[0])

@@ -22,7 +22,8 @@ TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=2", 
 
 def torchrun(*args, script=None, timeout=180):
     target = [script] if script else ["-m", "nlq"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", *target, *map(str, args)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", *target,
+               *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
@@ -110,7 +111,8 @@ def test_study_runs_each_run_under_torchrun(byte_data, tmp_path):
 
     config = tiny_run_config(byte_data, max_steps=2, batch_size=4, batch_tokens=256, eval_every=2)
     study = Study("dist", "two variants under torchrun", apply_overrides(config, ["--dist.nproc=2"]),
-                  [Variant("linear", {"model": {"query": "linear"}}), Variant("nonlinear", {"model": {"query": "nonlinear"}})],
+                  [Variant("linear", {"model": {"query": "linear"}}),
+                   Variant("nonlinear", {"model": {"query": "nonlinear"}})],
                   seeds=[1], data=DataSpec("unused", "byte"))
     run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     for name in ("linear-s1", "nonlinear-s1"):
@@ -118,7 +120,8 @@ def test_study_runs_each_run_under_torchrun(byte_data, tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_torchrun_with_one_process_wraps_the_model_and_matches_the_plain_run(strategy, byte_data, tmp_path, monkeypatch):
+def test_torchrun_with_one_process_wraps_the_model_and_matches_the_plain_run(strategy, byte_data, tmp_path,
+                                                                             monkeypatch):
     """torchrun --nproc_per_node=1: a gloo group of one, DDP or FSDP2 around the model, the same curve."""
     from nlq.training import distributed
 

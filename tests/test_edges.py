@@ -60,7 +60,8 @@ def test_no_output_lands_at_inside_or_around_a_run_or_a_dataset(run_dir, byte_da
          "not an nlq data directory"),
         (["prepare", "--source", "shakespeare", "--tokenizer", "byte", "--out", run.parent, "--overwrite"],
          "not an nlq data directory"),
-        (["train", "--data", data, "--out", data, "--preset", "nano", *SMALL, "--train.max_steps=2"], "holds files but no run"),
+        (["train", "--data", data, "--out", data, "--preset", "nano", *SMALL, "--train.max_steps=2"],
+         "holds files but no run"),
         (["train", "--data", data, "--out", run.parent, "--preset", "nano", *SMALL, "--train.max_steps=2"],
          "holds files but no run"),
     ]
@@ -109,7 +110,8 @@ def test_import_checkpoint_killed_or_out_of_space_leaves_no_output_and_the_retry
                                                                                      monkeypatch):
     source = next((run_dir / "checkpoints").glob("step_*.pt"))
     out = tmp_path / "imported"
-    killed = subprocess.run([sys.executable, "-c", KILL_DURING_IMPORT, "import-checkpoint", str(source), "--out", str(out)])
+    killed = subprocess.run([sys.executable, "-c", KILL_DURING_IMPORT, "import-checkpoint", str(source),
+                             "--out", str(out)])
     assert killed.returncode == -signal.SIGKILL
     assert not out.exists() and list(tmp_path.glob(".imported.tmp-*"))  # only a temporary was left
     from nlq.runs import checkpoint

@@ -151,12 +151,15 @@ def test_training_starts_from_hf_gpt2_and_converts_its_query(byte_data, tmp_path
     tiny_gpt2(tmp_path)
     main(["train", "--data", str(byte_data), "--out", str(tmp_path / "run"), "--preset", "nano",
           f"--train.init_from={tmp_path / 'gpt2'}", "--model.query=nonlinear", "--train.max_steps=2",
-          "--train.lr=1e-9", "--train.min_lr=0", "--train.batch_size=2", "--data.eval_windows=2", "--train.eval_every=2"])
+          "--train.lr=1e-9", "--train.min_lr=0", "--train.batch_size=2", "--data.eval_windows=2",
+          "--train.eval_every=2"])
     config = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
-    assert (config["n_embd"], config["bias"], config["mlp_activation"], config["query"]) == (32, True, "gelu_tanh", "nonlinear")
+    assert (config["n_embd"], config["bias"], config["mlp_activation"], config["query"]) == (32, True, "gelu_tanh",
+                                                                                             "nonlinear")
     state = load_checkpoint(tmp_path / "run")["model"]
     _, source = hf_gpt2(tmp_path / "gpt2")
-    torch.testing.assert_close(state["blocks.1.attn.kv_proj.weight"], source["blocks.1.attn.kv_proj.weight"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state["blocks.1.attn.kv_proj.weight"], source["blocks.1.attn.kv_proj.weight"],
+                               rtol=1e-5, atol=1e-6)
     assert "blocks.0.attn.q_proj.up.weight" in state and "blocks.0.attn.q_proj.weight_proj.weight" not in state
 
 
@@ -182,14 +185,17 @@ def paper_checkpoint(mode, d=16, heads=2, layers=2, vocab=50, block=8, hidden=40
             state |= {h + "ln_1.bias": rnd(d), h + "ln_2.bias": rnd(d), h + "attn.c_attn.bias": rnd(qkv),
                       h + "attn.c_proj.bias": rnd(d), h + "mlp.c_fc.bias": rnd(hidden), h + "mlp.c_proj.bias": rnd(d)}
         if mode == "residual_gelu":
-            state |= {h + "attn.residual_rmsnorm_input.weight": 1 + rnd(d), h + "attn.residual_in.weight": rnd(d // 2, d),
-                      h + "attn.residual_out.weight": rnd(d, d // 2), h + "attn.residual_layernorm_output.weight": 1 + rnd(d)}
+            state |= {h + "attn.residual_rmsnorm_input.weight": 1 + rnd(d),
+                      h + "attn.residual_in.weight": rnd(d // 2, d),
+                      h + "attn.residual_out.weight": rnd(d, d // 2),
+                      h + "attn.residual_layernorm_output.weight": 1 + rnd(d)}
     if bias:
         state[t + "ln_f.bias"] = rnd(d)
     state["_orig_mod.lm_head.weight"] = state[t + "wte.weight"]
     scale = scale or (1 / (2 * math.sqrt(d // heads)) if mode != "original" else 1 / math.sqrt(d // heads))
     args = dict(n_layer=layers, num_heads=heads, n_embd=d, block_size=block, vocab_size=vocab, bias=bias,
-                tie_weights=True, head_size=d // heads, scale=scale, query_mode=mode, mlp_hidden_size=hidden, dropout=0.0)
+                tie_weights=True, head_size=d // heads, scale=scale, query_mode=mode, mlp_hidden_size=hidden,
+                dropout=0.0)
     if not with_scale:
         del args["scale"]
     return {"model": state, "model_args": args, "iter_num": 1234, "config": {"learning_rate": 6e-4}}
@@ -349,7 +355,8 @@ def test_a_file_that_is_no_checkpoint_is_a_one_line_error(tmp_path, content, mes
 
 def assert_query_is_the_formula(query, x):
     h = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * query.in_norm_weight
-    f = F.layer_norm(F.gelu(h @ query.up.weight.T) @ query.down.weight.T, (x.shape[-1],), query.out_norm.weight, None, 1e-5)
+    f = F.layer_norm(F.gelu(h @ query.up.weight.T) @ query.down.weight.T, (x.shape[-1],),
+                     query.out_norm.weight, None, 1e-5)
     torch.testing.assert_close(query(x), (x + f) / 2)
 
 
@@ -375,7 +382,8 @@ def test_retrofit_llama_runs_forward_and_backward():
 def test_retrofit_gpt2_splits_c_attn_and_keeps_keys_and_values():
     from nlq.interop.hf import apply_nonlinear_query
 
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32,
+                                                                 n_layer=2, n_head=2))
     kv_before = model.transformer.h[0].attn.c_attn.weight[:, 32:].clone()
     assert apply_nonlinear_query(model) == ["transformer.h.0.attn.c_attn", "transformer.h.1.attn.c_attn"]
     fused = model.transformer.h[0].attn.c_attn

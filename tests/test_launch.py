@@ -25,7 +25,8 @@ def test_shard_auto_reads_the_slurm_array(env, expected):
 
 
 @pytest.mark.parametrize("env", [{}, {"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "2"},
-                                 {"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "1"}])
+                                 {"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "2",
+                                  "SLURM_ARRAY_TASK_MIN": "1"}])
 def test_shard_auto_outside_an_array_is_one_line(env):
     with pytest.raises(UserError) as error:
         slurm_shard(env)
@@ -47,7 +48,8 @@ def test_each_shard_gets_its_share_of_threads_and_a_gpu_round_robin(monkeypatch)
 @pytest.mark.slow
 def test_shards_n_runs_the_whole_study_in_n_processes_and_reports(byte_data, tmp_path):
     out = tmp_path / "s"
-    result = subprocess.run([sys.executable, "-m", "nlq", "study", "encoder", "--out", str(out), "--data", str(byte_data),
+    result = subprocess.run([sys.executable, "-m", "nlq", "study", "encoder", "--out", str(out), "--data",
+                             str(byte_data),
                              "--shards", "2", *TINY, "--model.vocab_size=258"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     logs = sorted(p.name for p in out.glob("shard-*.log"))

@@ -29,7 +29,8 @@ def loss_and_grads(model, idx, targets, **kw):
 
 
 @pytest.mark.parametrize("query", ["linear", "identity", "residual", "nonlinear"])
-@pytest.mark.parametrize("rows,chunk,tied", [(3 * 16, 16, True), (5 * 16, 32, True), (4 * 16, 7, False), (2 * 16, 512, True)])
+@pytest.mark.parametrize("rows,chunk,tied",
+                         [(3 * 16, 16, True), (5 * 16, 32, True), (4 * 16, 7, False), (2 * 16, 512, True)])
 def test_chunked_loss_and_every_gradient_equal_the_plain_loss(query, rows, chunk, tied):
     """rows = B x T: 80 rows in chunks of 32 and 64 in chunks of 7 leave a last chunk that is not full; 32 rows
     in chunks of 512 is one chunk smaller than its size."""

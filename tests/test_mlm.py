@@ -54,7 +54,8 @@ def test_mlm_needs_room_for_the_mask_token(byte_data, tmp_path):
     config = encoder_config(byte_data)
     config = type(config)(model=tiny_model_config(vocab_size=257, block_size=32, causal=False), data=config.data,
                           train=config.train)
-    with pytest.raises(UserError, match="plus the mask token does not fit model.vocab_size=257; set --model.vocab_size=320"):
+    with pytest.raises(UserError, match="plus the mask token does not fit model.vocab_size=257; set "
+                                        "--model.vocab_size=320"):
         train(config, tmp_path / "run", quiet=True)
 
 
@@ -62,7 +63,8 @@ def test_mlm_resume_is_exact(byte_data, tmp_path):
     train(encoder_config(byte_data, max_steps=6, decay_steps=6, checkpoint_every=3), tmp_path / "a", quiet=True)
     train(encoder_config(byte_data, max_steps=3, decay_steps=6), tmp_path / "b", quiet=True)
     train(encoder_config(byte_data, max_steps=6, decay_steps=6), tmp_path / "b", resume=True, quiet=True)
-    losses = [[r["train_loss"] for r in read_metrics(tmp_path / d / "metrics.jsonl") if "train_loss" in r] for d in "ab"]
+    losses = [[r["train_loss"] for r in read_metrics(tmp_path / d / "metrics.jsonl") if "train_loss" in r]
+              for d in "ab"]
     assert losses[0] == losses[1]
 
 

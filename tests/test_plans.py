@@ -166,4 +166,5 @@ def test_a_missing_or_broken_plan_file_is_one_line(tmp_path):
     with pytest.raises(UserError, match="cannot parse plan"):
         load_plan(tmp_path / "bad.toml")
     shutil.copy(SHIPPED / "example.toml", tmp_path / "ok.toml")
-    assert load_plan(tmp_path / "ok.toml").kind == "fixed-lr" and load_plan(SHIPPED / "verdict-lr.toml").kind == "lr-grid"
+    assert load_plan(tmp_path / "ok.toml").kind == "fixed-lr"
+    assert load_plan(SHIPPED / "verdict-lr.toml").kind == "lr-grid"

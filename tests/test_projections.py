@@ -255,14 +255,15 @@ def test_gqa_matches_reference_and_mha_with_repeated_kv_heads():
 
 
 def test_gpt3_small_nonlinear_q_and_k_parameter_count():
-    from nlq.presets import get_preset
     from nlq.overrides import apply_overrides
+    from nlq.presets import get_preset
 
     config = apply_overrides(get_preset("gpt3-small"), ["--model.query=nonlinear", "--model.projections.k=nonlinear"])
     with torch.device("meta"):
         model = Transformer(config.model)
     assert model.num_parameters() == 84_990_720
-    config = apply_overrides(get_preset("gpt3-small"), ["--model.projections.v=nonlinear", "--model.projections.o=nonlinear"])
+    config = apply_overrides(get_preset("gpt3-small"),
+                             ["--model.projections.v=nonlinear", "--model.projections.o=nonlinear"])
     with torch.device("meta"):
         assert Transformer(config.model).num_parameters() == 84_953_856 + 2 * 12 * 2 * 768
 

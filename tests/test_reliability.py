@@ -17,6 +17,7 @@ import torch
 from conftest import SMALL, train_small
 from nlq.cli import main
 
+
 @pytest.fixture(scope="module")
 def run_dir(byte_data, tmp_path_factory):
     """A finished 4-step run with checkpoints at steps 2 and 4."""
@@ -61,7 +62,8 @@ BAD_INPUTS = [
     ("missing config file", lambda d, r, t: ["info", "nano", "--config", t / "nope.yaml"], "does not exist"),
     ("temperature nan", lambda d, r, t: ["sample", r, "--prompt", "a", "--temperature", "nan"], "--temperature nan"),
     ("temperature inf", lambda d, r, t: ["sample", r, "--prompt", "a", "--temperature", "inf"], "--temperature inf"),
-    ("negative temperature", lambda d, r, t: ["sample", r, "--prompt", "a", "--temperature", "-1"], "finite number >= 0"),
+    ("negative temperature", lambda d, r, t: ["sample", r, "--prompt", "a", "--temperature", "-1"],
+     "finite number >= 0"),
     ("negative sampling seed", lambda d, r, t: ["sample", r, "--prompt", "a", "--seed", "-3"], "--seed -3"),
     ("prepare onto a file", lambda d, r, t: ["prepare", "--source", "shakespeare", "--tokenizer", "byte", "--out",
                                              touch(t / "afile"), "--overwrite"], "is a file"),
@@ -86,11 +88,13 @@ BAD_INPUTS = [
      "model_args is a list"),
     ("paper model_args without n_embd", lambda d, r, t: ["import-checkpoint", paper_file(t, drop_arg="n_embd"), "--out",
                                                          t / "x"], "lacks n_embd"),
-    ("paper weights without wte", lambda d, r, t: ["import-checkpoint", paper_file(t, drop_weight="wte.weight"), "--out",
+    ("paper weights without wte", lambda d, r,
+     t: ["import-checkpoint", paper_file(t, drop_weight="wte.weight"), "--out",
                                                    t / "x"], "not a checkpoint of the paper's model"),
     ("paper weights that are not tensors", lambda d, r, t: ["import-checkpoint", paper_file(t, weight_value=[1.0]),
                                                             "--out", t / "x"], "not a mapping of names to tensors"),
-    ("paper weights of the wrong shape", lambda d, r, t: ["import-checkpoint", paper_file(t, weight_value=torch.zeros(3)),
+    ("paper weights of the wrong shape", lambda d, r,
+     t: ["import-checkpoint", paper_file(t, weight_value=torch.zeros(3)),
                                                           "--out", t / "x"], "do not fit"),
     ("paper zero heads", lambda d, r, t: ["import-checkpoint", paper_file(t, arg=("num_heads", 0)), "--out", t / "x"],
      "model.n_head=0"),
@@ -109,7 +113,8 @@ BAD_INPUTS = [
      "not a usable GPT-2 checkpoint"),
     ("HF weights missing", lambda d, r, t: ["import-checkpoint", hf_dir(t, weights=None), "--out", t / "x"],
      "holds no model.safetensors"),
-    ("HF weights truncated", lambda d, r, t: ["import-checkpoint", hf_dir(t, weights=b"\x10\x00\x00"), "--out", t / "x"],
+    ("HF weights truncated", lambda d, r,
+     t: ["import-checkpoint", hf_dir(t, weights=b"\x10\x00\x00"), "--out", t / "x"],
      "truncated or corrupt"),
     # a tampered model.safetensors
     ("model.safetensors config null", lambda d, r, t: ["eval", tampered_model(r, t, nlq_config="null")],
@@ -132,8 +137,8 @@ BAD_INPUTS = [
      "train.lr=[["),
     ("steps beyond any counter (flag)", lambda d, r, t: ["info", "nano", "--train.max_steps=99999999999999999999999"],
      "out of range"),
-    ("steps beyond any counter (YAML)", lambda d, r, t: ["info", "nano", "--config",
-                                                         yaml_file(t, "train:\n  max_steps: 99999999999999999999999\n")],
+    ("steps beyond any counter (YAML)",
+     lambda d, r, t: ["info", "nano", "--config", yaml_file(t, "train:\n  max_steps: 99999999999999999999999\n")],
      "out of range"),
     ("steps beyond any counter (TOML)", lambda d, r, t: ["info", "nano", "--config",
                                                          toml_file(t, "[train]\nmax_steps = 9223372036854775807\n"
@@ -141,12 +146,15 @@ BAD_INPUTS = [
      "out of range"),
     ("a huge query rank", lambda d, r, t: ["train", "--data", d, "--out", t / "x", "--preset", "nano",
                                            "--model.query=nonlinear", "--model.query_rank=1e9"], "GiB"),
-    ("a BPE larger than any corpus", lambda d, r, t: ["prepare", "--source", "shakespeare", "--tokenizer", "bpe:100000000",
+    ("a BPE larger than any corpus", lambda d, r,
+     t: ["prepare", "--source", "shakespeare", "--tokenizer", "bpe:100000000",
                                                       "--out", t / "x"], "from 258 to 1,048,576"),
-    ("masked LM on a synthetic task", lambda d, r, t: ["train", "--out", t / "x", "--preset", "nano", "--data.task=mqar",
+    ("masked LM on a synthetic task", lambda d, r,
+     t: ["train", "--out", t / "x", "--preset", "nano", "--data.task=mqar",
                                                       "--model.causal=false", "--train.objective=mlm",
                                                       "--model.vocab_size=256"], "use --train.objective=clm"),
-    ("a summary whose val_loss is the word NaN", lambda d, r, t: ["report", study_with(t, summary='{"val_loss": "NaN"}')],
+    ("a summary whose val_loss is the word NaN", lambda d, r,
+     t: ["report", study_with(t, summary='{"val_loss": "NaN"}')],
      "not a number"),
 ]
 
@@ -322,7 +330,8 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_run(run_dir, tmp_p
 
     run = copy_run(run_dir, tmp_path)
     with DirectoryLock(run.parent / f".{run.name}.lock", "the test"):  # as a running nlq train holds it
-        one_line_error(capsys, ["train", "--out", run, "--resume", "--train.max_steps=6"], "in use by another nlq process")
+        one_line_error(capsys, ["train", "--out", run, "--resume", "--train.max_steps=6"],
+                       "in use by another nlq process")
     main(["train", "--out", str(run), "--resume", "--train.max_steps=6"])  # free again: it continues
     assert json.loads((run / "summary.json").read_text())["final_step"] == 6
 
@@ -400,7 +409,9 @@ def test_kill_9_during_a_checkpoint_write_loses_nothing_and_leaves_no_temp(byte_
           "--train.max_steps=6", "--train.checkpoint_every=2"])
     from nlq.runs.metrics import read_metrics
 
-    curve = lambda d: [(r["step"], r["train_loss"]) for r in read_metrics(d / "metrics.jsonl") if "train_loss" in r]  # noqa: E731
+    def curve(run):
+        return [(r["step"], r["train_loss"]) for r in read_metrics(run / "metrics.jsonl") if "train_loss" in r]
+
     assert curve(tmp_path / "run") == curve(tmp_path / "straight")  # bitwise: the resume redid the lost steps
 
 
@@ -429,7 +440,6 @@ def test_sampling_draws_only_ids_the_tokenizer_has():
     """A model whose vocabulary is padded (320) past its byte tokenizer's (257) must not draw the padding ids,
     which the tokenizer would drop silently."""
     from conftest import tiny_model_config
-
     from nlq.generate import generate
     from nlq.model import Transformer
 

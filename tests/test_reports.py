@@ -52,7 +52,8 @@ def scaling_runs(deltas):
 
 def test_scaling_report_gives_each_variants_tokens_per_parameter_and_holm_verdicts(tmp_path):
     write_study(tmp_path, {"name": "scaling", "description": "", "baseline": "linear", "report": "scaling",
-                           "variants": [{"name": "linear"}, {"name": "nonlinear"}]}, scaling_runs({2: 0.05, 4: 0.0, 8: -0.05}))
+                           "variants": [{"name": "linear"},
+                                        {"name": "nonlinear"}]}, scaling_runs({2: 0.05, 4: 0.0, 8: -0.05}))
     markdown = build_report(tmp_path)
     assert "Holm-adjusted over the 3 intervals" in markdown
     assert "| d8 | 2 | 1.6 | 2,000 |" in markdown  # 2,000 tokens over the variant's 1,250 parameters
@@ -68,7 +69,8 @@ def test_probes_report_medians_are_true_medians_and_sign_tests_are_adjusted(tmp_
                          "task": "mqar-2", "width": 8, "curve": curve,
                          "summary": summary(1.0, val_acc=0.95 if solve else 0.5)})
     write_study(tmp_path, {"name": "probes", "description": "", "baseline": "linear", "report": "probes",
-                           "variants": [{"name": "linear"}, {"name": "nonlinear"}], "settings": {"threshold": 0.9}}, runs)
+                           "variants": [{"name": "linear"},
+                                        {"name": "nonlinear"}], "settings": {"threshold": 0.9}}, runs)
     markdown = build_report(tmp_path)
     assert "| mqar-2 | linear | 2/3 | | | | | 1,900 |" in markdown  # (1800 + 2000) / 2: even count
     assert "| mqar-2 | nonlinear | 3/3 | 1 | 0 | 1 | 1 | 2,000 |" in markdown
@@ -104,7 +106,8 @@ def test_verdict_report_prints_the_test_and_the_verdict_in_the_rules_words(tmp_p
     markdown = build_report(tmp_path)
     assert "**Verdict: nonlinear better" in markdown and "equivalence test: p =" in markdown
     assert "mean Δ -0.0500 nats" in markdown
-    assert "Holm-adjusted over the 3 declared comparisons as one family." in markdown  # nonlinear at 100, identity at 100 and 300
+    # the family: nonlinear at 100, identity at 100 and 300
+    assert "Holm-adjusted over the 3 declared comparisons as one family." in markdown
     assert (tmp_path / "verdict_deltas.png").stat().st_size > 0
     decision = json.loads((tmp_path / "verdict.json").read_text())["decision"]
     assert decision["verdict"] == "better" and decision["interval"]["mean"] == pytest.approx(-0.05)
@@ -246,3 +249,23 @@ def test_report_collect_copies_the_finished_runs_without_checkpoints_and_reports
     copied = sorted(p.name for p in (tmp_path / "results" / "runs").iterdir())
     assert copied and "unfinished" not in copied and not list((tmp_path / "results").rglob("*.pt"))
     assert (tmp_path / "results" / "report.md").is_file() and "finished runs ->" in capsys.readouterr().out
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+COMMITTED = sorted(p.parent.name for p in RESULTS.glob("*/study.json")) if RESULTS.is_dir() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", COMMITTED)
+def test_every_committed_report_regenerates_byte_for_byte(name, tmp_path):
+    """`nlq report results/NAME` rewrites what is committed there, the plots included, from the committed runs."""
+    import shutil
+
+    committed = RESULTS / name
+    copy = shutil.copytree(committed, tmp_path / name)
+    build_report(copy)
+    outputs = [p.name for p in committed.iterdir()
+               if p.suffix in (".md", ".csv", ".json", ".png") and p.name != "study.json"]
+    assert "report.md" in outputs
+    changed = [f for f in outputs if (committed / f).read_bytes() != (copy / f).read_bytes()]
+    assert not changed, f"nlq report results/{name} no longer reproduces {changed}"

@@ -17,7 +17,8 @@ TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", 
 
 def tiny_study(byte_data, seeds=(1, 2)):
     return Study("tiny", "two variants", tiny_run_config(byte_data, max_steps=4, eval_every=2, checkpoint_every=2),
-                 [Variant("linear", {"model": {"query": "linear"}}), Variant("nonlinear", {"model": {"query": "nonlinear"}})],
+                 [Variant("linear", {"model": {"query": "linear"}}),
+                  Variant("nonlinear", {"model": {"query": "nonlinear"}})],
                  seeds=list(seeds), data=DataSpec("unused", "byte"))
 
 
@@ -70,7 +71,8 @@ def test_interrupted_study_skips_finished_runs(byte_data, tmp_path, monkeypatch)
 ])
 @pytest.mark.slow
 def test_named_study_runs_on_a_tiny_override(byte_data, tmp_path, name, variants, extra):
-    result = subprocess.run([sys.executable, "-m", "nlq", "study", name, "--out", str(tmp_path), "--data", str(byte_data),
+    result = subprocess.run([sys.executable, "-m", "nlq", "study", name, "--out", str(tmp_path), "--data",
+                             str(byte_data),
                              *TINY, *extra], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     report = (tmp_path / "report.md").read_text()
@@ -83,7 +85,8 @@ def test_named_study_runs_on_a_tiny_override(byte_data, tmp_path, name, variants
 def test_paper_study_runs_end_to_end_on_a_tiny_override(byte_data, tmp_path):
     overrides = [o for o in TINY if "batch_size" not in o] + ["--train.batch_tokens=128", "--train.batch_size=2",
                                                               "--train.checkpoint_every=3", "--data.eval_windows=4"]
-    result = subprocess.run([sys.executable, "-m", "nlq", "study", "paper", "--out", str(tmp_path), "--data", str(byte_data),
+    result = subprocess.run([sys.executable, "-m", "nlq", "study", "paper", "--out", str(tmp_path), "--data",
+                             str(byte_data),
                              *overrides], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     config = json.loads((tmp_path / "runs" / "nonlinear-lr3.6e-3-s1337" / "config.json").read_text())
@@ -101,7 +104,8 @@ def test_lr_sweep_reports_each_variant_at_its_best(byte_data, tmp_path):
 
 
 def test_unknown_study_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown study 'big'; valid studies: cpu, cpu-lr, encoder, kvo, paper, scaling"):
+    with pytest.raises(ValueError,
+                       match="unknown study 'big'; valid studies: cpu, cpu-lr, encoder, kvo, paper, scaling"):
         get_study("big")
 
 
@@ -134,7 +138,8 @@ def write_fake_study(root, losses):
             name = f"{variant}-s{seed}"
             run_dir = root / "runs" / name
             run_dir.mkdir(parents=True)
-            (run_dir / "summary.json").write_text(json.dumps({"val_loss": loss, "val_bpb": loss / 2, "tokens_per_s": 1000.0,
+            (run_dir / "summary.json").write_text(json.dumps({"val_loss": loss, "val_bpb": loss / 2,
+                                                              "tokens_per_s": 1000.0,
                                                                "non_embedding_parameters": params}))
             (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "val_loss": loss + 1}) + "\n"
                                                    + json.dumps({"step": 20, "val_loss": loss}) + "\n")
@@ -157,7 +162,8 @@ def test_report_numbers_on_synthetic_runs(tmp_path):
     # paired: d = [-0.1, -0.1], sd 0 -> interval collapses to the mean, verdict better (Holm over the 2 variants)
     row = next(line for line in markdown.splitlines() if line.startswith("| nonlinear | 2 |"))
     assert row.startswith("| nonlinear | 2 | -0.1000 | [-0.1000, -0.1000] |") and row.endswith("| better |"), row
-    # fit: loss = a + b ln N through (1000, 3.05), (2000, 2.85): b = -0.2 / ln 2; 2.95 is the midpoint -> N = 1000 sqrt(2)
+    # fit: loss = a + b ln N through (1000, 3.05), (2000, 2.85): b = -0.2 / ln 2;
+    # 2.95 is the midpoint -> N = 1000 sqrt(2)
     assert "| nonlinear | 2.9500 | 1,414 | +41.4% |" in markdown
 
 
@@ -213,7 +219,8 @@ def test_tpp_trend_is_the_mean_of_per_seed_slopes_against_log2_tokens():
         for tpp in (2, 4, 16):
             rows += [row("linear", seed, tpp, 5.0 - tpp / 10), row("nonlinear", seed, tpp, 5.0 - tpp / 10 + seed / 100
                                                                                     + slope * math.log2(tpp))]
-    rows += [row("linear", 3, 2, 5.0), row("linear", 3, 4, 5.0), row("nonlinear", 3, 2, 9.0), row("nonlinear", 3, 4, 9.0)]
+    rows += [row("linear", 3, 2, 5.0), row("linear", 3, 4, 5.0), row("nonlinear", 3, 2, 9.0),
+             row("nonlinear", 3, 4, 9.0)]
     trend = tpp_trends(rows, ["linear", "nonlinear"])[("d8", "nonlinear")]
     assert trend["n"] == 2  # seed 3 has two budgets: too few for a slope, left out
     assert trend["mean"] == pytest.approx(0.02) and trend["span"] == "2-16"
@@ -331,7 +338,8 @@ def test_a_shard_waits_while_another_prepares_the_study_data(tmp_path, monkeypat
     monkeypatch.setattr(study_module, "prepare", busy_then_ready)
     monkeypatch.setattr(study_module, "WAIT_POLL_S", 0.01)
     study = get_study("cpu")
-    assert study_module.prepare_study_data(study, tmp_path, None, messages.append, wait_for_others=True) == tmp_path / "data"
+    assert study_module.prepare_study_data(study, tmp_path, None, messages.append,
+                                           wait_for_others=True) == tmp_path / "data"
     assert len(calls) == 2 and "being prepared by another shard" in messages[0]
     calls.clear()
     with pytest.raises(LockHeld):  # not a shard: the one-line error, as before

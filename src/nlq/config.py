@@ -66,7 +66,8 @@ def field_help(section_cls: type) -> dict[str, str]:
 
 @dataclass
 class ProjectionsConfig:
-    """Which projection (projections.py) computes Q, K, V and the output; q is model.query's other name (moved there)."""
+    """Which projection (projections.py) computes Q, K, V and the output; q is model.query's other name (read into
+    it)."""
 
     q: str | None = setting(None, "the query's projection: model.query's other name, read into it")
     k: str = setting("linear", "the key projection (projections.py)")
@@ -121,7 +122,8 @@ class ModelConfig:
             f"pick n_embd a multiple of n_head",
         )
         _check(self.mlp_ratio > 0 and self.mlp_hidden >= 1,
-               f"model.mlp_ratio={self.mlp_ratio} gives an MLP of {self.mlp_hidden} hidden units at n_embd={self.n_embd}; "
+               f"model.mlp_ratio={self.mlp_ratio} gives an MLP of {self.mlp_hidden} hidden units at "
+               f"n_embd={self.n_embd}; "
                f"use a ratio of at least {1 / self.n_embd:.3g}")
         _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _one_of("model", "query", self.query, tuple(PROJECTIONS))
@@ -129,7 +131,8 @@ class ModelConfig:
         _one_of("model", "query_activation", self.query_activation, tuple(ACTIVATION_MODULES))
         _check(self.attn_scale is None or self.attn_scale > 0, f"model.attn_scale={self.attn_scale} must be > 0")
         _check(self.norm_eps > 0, f"model.norm_eps={self.norm_eps} must be > 0")
-        _check(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be > 0 (RoPE's base wavelength, e.g. 10000)")
+        _check(self.rope_theta > 0,
+               f"model.rope_theta={self.rope_theta} must be > 0 (RoPE's base wavelength, e.g. 10000)")
         _check(self.position != "rope" or self.head_size % 2 == 0,
                f"model.position=rope needs an even head size (n_embd / n_head = {self.head_size})")
         kv = self.kv_heads
@@ -164,7 +167,8 @@ class ModelConfig:
         """About how many parameters the model has, in closed form (nothing is built): embeddings, and per block
         four d x d attention projections (a nonlinear one of any rank counted as d x 2r) and the MLP."""
         d = self.n_embd
-        embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2) + (self.block_size * d if self.position == "learned" else 0)
+        positions = self.block_size * d if self.position == "learned" else 0
+        embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2) + positions
         attention = 3 * d * d + max(d * d, 2 * d * self.rank)
         return embeddings + self.n_layer * (attention + 2 * d * self.mlp_hidden)
 
@@ -199,7 +203,8 @@ class TrainConfig:
     lr: float = setting(6e-4, "peak learning rate")
     min_lr: float = setting(6e-5, "learning rate at the end of the decay")
     warmup_steps: int = setting(100, "linear warmup steps from 0 to lr")
-    schedule: Literal["cosine", "wsd"] = setting("cosine", "cosine decay, or warmup-stable-decay (training/schedule.py)")
+    schedule: Literal["cosine", "wsd"] = setting("cosine",
+                                                 "cosine decay, or warmup-stable-decay (training/schedule.py)")
     decay_steps: int | None = setting(None, "step at which the schedule reaches min_lr; None: max_steps")
     cooldown_fraction: float = setting(0.2, "wsd: share of decay_steps spent cooling down (1 - sqrt) to min_lr")
     resume_from: str | None = setting(None, "start a new run from another run's checkpoint (weights, optimizer, step)")
@@ -233,7 +238,8 @@ class TrainConfig:
         for name in ("max_steps", "batch_size", "eval_every", "log_every", "keep_checkpoints", "loss_chunk"):
             value = getattr(self, name)
             _check(value > 0, f"train.{name}={value} must be a positive integer")
-        _check(self.batch_tokens is None or self.batch_tokens > 0, f"train.batch_tokens={self.batch_tokens} must be > 0")
+        _check(self.batch_tokens is None or self.batch_tokens > 0,
+               f"train.batch_tokens={self.batch_tokens} must be > 0")
         _check(self.lr > 0, f"train.lr={self.lr} must be > 0")
         _check(0 <= self.min_lr <= self.lr, f"train.min_lr={self.min_lr} must be in [0, train.lr={self.lr}]")
         _check(self.warmup_steps >= 0, f"train.warmup_steps={self.warmup_steps} must be >= 0")

@@ -259,7 +259,8 @@ class Transformer(nn.Module):
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=ignore_index)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=ignore_index)
         return logits, loss
 
     def _attention_mask(self, padding_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:

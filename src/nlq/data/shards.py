@@ -156,7 +156,8 @@ def _existing_meta(out: Path, request: dict) -> dict | None:
     differs = [k for k, v in request.items() if meta.get(k) != v]
     if differs:
         raise UserError(
-            f"{out} holds a different dataset ({', '.join(f'{k}={meta.get(k)!r}, not {request[k]!r}' for k in differs)}); "
+            f"{out} holds a different dataset "
+            f"({', '.join(f'{k}={meta.get(k)!r}, not {request[k]!r}' for k in differs)}); "
             f"choose another --out or pass --overwrite"
         )
     return meta
@@ -189,7 +190,8 @@ def load_data(directory: str | Path, check_ids: bool = True) -> TokenData:
     directory = Path(directory)
     meta_path = directory / "meta.json"
     if not meta_path.is_file():
-        raise UserError(f"{directory} is not a prepared data directory (no meta.json); run nlq prepare --out {directory}")
+        raise UserError(f"{directory} is not a prepared data directory (no meta.json); run nlq prepare --out "
+                        f"{directory}")
     try:
         meta = json.loads(meta_path.read_text())
         dtype = np.dtype(meta["dtype"])

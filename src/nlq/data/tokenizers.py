@@ -76,7 +76,8 @@ class TiktokenTokenizer:
         self.vocab_size = encoding.n_vocab
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.asarray(ids, dtype=np.int64) for ids in self.encoding.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)]
+        return [np.asarray(ids, dtype=np.int64)
+                for ids in self.encoding.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.encoding.decode([int(i) for i in ids if int(i) != self.eot_id], errors="replace")

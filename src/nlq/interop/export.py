@@ -19,7 +19,6 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
-
 from nlq.errors import UserError
 from nlq.fileio import atomic_directory, is_empty_dir, overlaps, remove_stale, stale_siblings, write_json
 from nlq.interop.load import gpt2_state
@@ -80,7 +79,8 @@ def _write_gpt2(model, cfg, out: Path) -> str:
     import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    hf_config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+    hf_config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd,
+                           n_layer=cfg.n_layer,
                            n_head=cfg.n_head, n_inner=cfg.mlp_hidden, layer_norm_epsilon=cfg.norm_eps,
                            activation_function="gelu_new" if cfg.mlp_activation == "gelu_tanh" else "gelu",
                            resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
@@ -171,7 +171,7 @@ def _backend_tokenizer(run_dir: Path, name: str):
 
 def _byte_level_chars() -> dict[int, str]:
     """GPT-2's byte -> printable character map, which the ByteLevel pre-tokenizer applies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:

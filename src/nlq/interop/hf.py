@@ -33,7 +33,8 @@ class GPT2QueryKeyValue(nn.Module):
         super().__init__()
         d = c_attn.weight.shape[0]  # Conv1D stores (in, out) = (d, 3d)
         self.query = query
-        self.kv = nn.Linear(d, 2 * d, bias=c_attn.bias is not None, device=c_attn.weight.device, dtype=c_attn.weight.dtype)
+        self.kv = nn.Linear(d, 2 * d, bias=c_attn.bias is not None, device=c_attn.weight.device,
+                            dtype=c_attn.weight.dtype)
         with torch.no_grad():
             self.kv.weight.copy_(c_attn.weight[:, d:].T)
             if c_attn.bias is not None:
@@ -103,6 +104,7 @@ def apply_nonlinear_query(model: nn.Module, rank: int | None = None, activation:
             module.q_proj = _new_query(q_proj.in_features, q_proj.weight, rank, activation, std, bias)
         else:
             d = module.c_attn.weight.shape[0]
-            module.c_attn = GPT2QueryKeyValue(module.c_attn, _new_query(d, module.c_attn.weight, rank, activation, std, bias))
+            module.c_attn = GPT2QueryKeyValue(module.c_attn,
+                                              _new_query(d, module.c_attn.weight, rank, activation, std, bias))
         replaced.append(f"{name}.{kind}")
     return replaced

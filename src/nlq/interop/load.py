@@ -49,7 +49,8 @@ def _checked_model(fields: dict, where: str) -> ModelConfig:
 
 
 def _tensors(state, where: str) -> dict[str, torch.Tensor]:
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
         raise UserError(f"{where}: its weights are not a mapping of names to tensors; not a model checkpoint")
     return state
 
@@ -123,15 +124,17 @@ def hf_gpt2(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     except UserError:
         raise
     except MALFORMED as e:
-        raise UserError(f"{directory} is not a usable GPT-2 checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0][:120] if str(e) else ''}); check its config.json and weights") from None
+        first_line = str(e).splitlines()[0][:120] if str(e) else ""
+        raise UserError(f"{directory} is not a usable GPT-2 checkpoint ({type(e).__name__}: {first_line}); "
+                        "check its config.json and weights") from None
 
 
 def _hf_gpt2(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     hf = json.loads((directory / "config.json").read_text())
     activation = hf.get("activation_function", "gelu_new")
     if activation not in GPT2_ACTIVATIONS:
-        raise UserError(f"{directory}: GPT-2 activation {activation!r} is not supported; nlq has {', '.join(GPT2_ACTIVATIONS)}")
+        raise UserError(f"{directory}: GPT-2 activation {activation!r} is not supported; nlq has "
+                        f"{', '.join(GPT2_ACTIVATIONS)}")
     fields = {"vocab_size": hf["vocab_size"], "block_size": hf["n_positions"], "n_layer": hf["n_layer"],
               "n_head": hf["n_head"], "n_embd": hf["n_embd"], "bias": True,
               "mlp_activation": GPT2_ACTIVATIONS[activation], "norm_eps": hf.get("layer_norm_epsilon", 1e-5),
@@ -140,7 +143,8 @@ def _hf_gpt2(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     d = model.n_embd
     fields["mlp_ratio"] = (hf.get("n_inner") or 4 * d) / d
     _checked_model(fields, str(directory))
-    hf_state = {k.removeprefix("transformer."): v for k, v in _tensors(read_hf_state(directory), str(directory)).items()}
+    hf_state = {k.removeprefix("transformer."): v
+                for k, v in _tensors(read_hf_state(directory), str(directory)).items()}
     state = {"tok_emb.weight": hf_state["wte.weight"], "pos_emb.weight": hf_state["wpe.weight"],
              "ln_f.weight": hf_state["ln_f.weight"], "ln_f.bias": hf_state["ln_f.bias"]}
     for i in range(model.n_layer):
@@ -150,10 +154,12 @@ def _hf_gpt2(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             b + "ln_1.weight": hf_state[h + "ln_1.weight"], b + "ln_1.bias": hf_state[h + "ln_1.bias"],
             b + "attn.q_proj.weight_proj.weight": qkv_w[:d], b + "attn.q_proj.weight_proj.bias": qkv_b[:d],
             b + "attn.kv_proj.weight": qkv_w[d:], b + "attn.kv_proj.bias": qkv_b[d:],
-            b + "attn.o_proj.weight": hf_state[h + "attn.c_proj.weight"].T, b + "attn.o_proj.bias": hf_state[h + "attn.c_proj.bias"],
+            b + "attn.o_proj.weight": hf_state[h + "attn.c_proj.weight"].T,
+                  b + "attn.o_proj.bias": hf_state[h + "attn.c_proj.bias"],
             b + "ln_2.weight": hf_state[h + "ln_2.weight"], b + "ln_2.bias": hf_state[h + "ln_2.bias"],
             b + "mlp.up.weight": hf_state[h + "mlp.c_fc.weight"].T, b + "mlp.up.bias": hf_state[h + "mlp.c_fc.bias"],
-            b + "mlp.down.weight": hf_state[h + "mlp.c_proj.weight"].T, b + "mlp.down.bias": hf_state[h + "mlp.c_proj.bias"],
+            b + "mlp.down.weight": hf_state[h + "mlp.c_proj.weight"].T,
+                  b + "mlp.down.bias": hf_state[h + "mlp.c_proj.bias"],
         }
     state["lm_head.weight"] = hf_state.get("lm_head.weight", hf_state["wte.weight"])
     return fields, {k: v.contiguous() for k, v in state.items()}
@@ -174,11 +180,15 @@ def gpt2_state(state: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
         out |= {
             h + "ln_1.weight": state[b + "ln_1.weight"], h + "ln_1.bias": bias(b + "ln_1.bias", d),
             h + "attn.c_attn.weight": qkv.T,
-            h + "attn.c_attn.bias": torch.cat([bias(b + "attn.q_proj.weight_proj.bias", d), bias(b + "attn.kv_proj.bias", 2 * d)]),
-            h + "attn.c_proj.weight": state[b + "attn.o_proj.weight"].T, h + "attn.c_proj.bias": bias(b + "attn.o_proj.bias", d),
+            h + "attn.c_attn.bias": torch.cat([bias(b + "attn.q_proj.weight_proj.bias", d),
+                                               bias(b + "attn.kv_proj.bias", 2 * d)]),
+            h + "attn.c_proj.weight": state[b + "attn.o_proj.weight"].T,
+                h + "attn.c_proj.bias": bias(b + "attn.o_proj.bias", d),
             h + "ln_2.weight": state[b + "ln_2.weight"], h + "ln_2.bias": bias(b + "ln_2.bias", d),
-            h + "mlp.c_fc.weight": state[b + "mlp.up.weight"].T, h + "mlp.c_fc.bias": bias(b + "mlp.up.bias", cfg.mlp_hidden),
-            h + "mlp.c_proj.weight": state[b + "mlp.down.weight"].T, h + "mlp.c_proj.bias": bias(b + "mlp.down.bias", d),
+            h + "mlp.c_fc.weight": state[b + "mlp.up.weight"].T,
+            h + "mlp.c_fc.bias": bias(b + "mlp.up.bias", cfg.mlp_hidden),
+            h + "mlp.c_proj.weight": state[b + "mlp.down.weight"].T,
+                h + "mlp.c_proj.bias": bias(b + "mlp.down.bias", d),
         }
     out["lm_head.weight"] = state["lm_head.weight"]
     return {k: v.contiguous() for k, v in out.items()}
@@ -236,7 +246,8 @@ def _paper_checkpoint(path: Path, payload: dict) -> tuple[dict, dict[str, torch.
     if t + "ln_f.bias" in state:
         out["ln_f.bias"] = state[t + "ln_f.bias"]
     out["lm_head.weight"] = state.get("lm_head.weight", state[t + "wte.weight"])
-    names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_proj": "attn.o_proj", "mlp.c_fc": "mlp.up", "mlp.c_proj": "mlp.down",
+    names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_proj": "attn.o_proj", "mlp.c_fc": "mlp.up",
+             "mlp.c_proj": "mlp.down",
              "attn.residual_in": "attn.q_proj.up",
              "attn.residual_out": "attn.q_proj.down", "attn.residual_layernorm_output": "attn.q_proj.out_norm"}
     for key, value in state.items():
@@ -324,7 +335,9 @@ def import_run(source: str | Path, out: str | Path) -> str:
         with atomic_directory(out) as tmp:
             save_config(config, tmp / "config.json")
             if tokenizer:  # GPT-2's BPE (tiktoken; offline NLQ_GPT2_DIR); padded vocabularies hold it too
-                write_json(tmp / "data_meta.json", {"tokenizer": "gpt2", "vocab_size": 50257, "imported_from": str(source)})
-            payload = {"model": model.state_dict(), "step": step, "config": config.to_dict(), "imported_from": str(source)}
+                write_json(tmp / "data_meta.json",
+                           {"tokenizer": "gpt2", "vocab_size": 50257, "imported_from": str(source)})
+            payload = {"model": model.state_dict(), "step": step, "config": config.to_dict(),
+                       "imported_from": str(source)}
             path = ckpt.save_checkpoint(tmp, step, payload, keep=1)  # atomic and fsynced
     return f"imported {what} into {out} ({path.name}; weights only{', tokenizer gpt2' if tokenizer else ''})"

@@ -140,14 +140,16 @@ def load_model_only(path: Path) -> dict:
         config = json.loads(metadata["nlq_config"])
         step = int(metadata.get("step", 0))
     except Exception as e:
-        raise UserError(f"{path} is not an nlq model file ({type(e).__name__}); use a run directory or a checkpoint") from None
+        raise UserError(f"{path} is not an nlq model file ({type(e).__name__}); "
+                        "use a run directory or a checkpoint") from None
     if not isinstance(config, dict) or not isinstance(config.get("model", {}), dict):
         raise UserError(f"{path} is not an nlq model file (its nlq_config metadata is no config); use a run "
                         f"directory or a checkpoint")
     if "nlq_checksum" in metadata and payload_digest(state) != metadata["nlq_checksum"]:  # nlq <= 0.2 wrote none
         raise UserError(f"{path} is corrupt: its weights do not match the checksum stored in it; use a checkpoint "
                         f"in {path.parent / 'checkpoints'}")
-    if config.get("model", {}).get("tie_embeddings", True) and "lm_head.weight" not in state and "tok_emb.weight" in state:
+    tied = config.get("model", {}).get("tie_embeddings", True)
+    if tied and "lm_head.weight" not in state and "tok_emb.weight" in state:
         state["lm_head.weight"] = state["tok_emb.weight"]
     return {"model": state, "step": step, "config": config, "path": str(path)}
 
@@ -156,7 +158,8 @@ def payload_config(payload: dict) -> RunConfig:
     """The validated RunConfig a checkpoint payload carries; a one-line error when it holds none."""
     raw = payload.get("config")
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
-        raise UserError(f"{payload.get('path')} carries no valid config (a mapping of sections); it was not written by nlq")
+        raise UserError(f"{payload.get('path')} carries no valid config (a mapping of sections); "
+                        "it was not written by nlq")
     try:
         return RunConfig.from_dict(raw)
     except UserError as e:

@@ -79,7 +79,8 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, RunC
     try:
         model.load_state_dict(payload["model"])
     except (RuntimeError, TypeError, AttributeError) as e:
-        raise UserError(f"checkpoint {payload['path']} does not match its config: {str(e).splitlines()[0][:200]}") from None
+        first_line = str(e).splitlines()[0][:200]
+        raise UserError(f"checkpoint {payload['path']} does not match its config: {first_line}") from None
     return model.to(device).eval(), config, payload
 
 

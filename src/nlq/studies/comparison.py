@@ -2,9 +2,9 @@
 seeds (x peak lrs) on one budget, and their report.
 
 The report: per variant its non-embedding parameters (and % vs baseline), final val loss mean and std over
-seeds, perplexity, relative change vs baseline in log-loss and perplexity ((variant - base) / base: positive is worse), tokens/s;
-paired differences vs the baseline over seeds, with 95% t intervals, Holm-adjusted over the variants; parameter
-equivalence (val loss against log(non-embedding parameters) over the baseline width family); plots
+seeds, perplexity, relative change vs baseline in log-loss and perplexity ((variant - base) / base: positive is
+worse), tokens/s; paired differences vs the baseline over seeds, with 95% t intervals, Holm-adjusted over the
+variants; parameter equivalence (val loss against log(non-embedding parameters) over the baseline width family); plots
 val_curves.png, loss_vs_params.png and paired_curves.png. With several peak lrs, each variant is compared at
 its own best (lowest mean val loss).
 """
@@ -66,7 +66,8 @@ def cpu_lr() -> Study:
     variants = _paper_variants() + [
         Variant("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
     ]
-    return Study("cpu-lr", "each variant at several peak learning rates, compared at its best (docs/METHOD.md, section 6)",
+    return Study("cpu-lr",
+                 "each variant at several peak learning rates, compared at its best (docs/METHOD.md, section 6)",
                  base, variants, seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3], width_family=WIDTH_FAMILY)
 
 
@@ -148,7 +149,8 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
 
     family = [v for v in study.get("width_family", []) if v in by_variant]
     fit = fit_loss_vs_params([by_variant[v][0].params for v in family],
-                             [np.mean([r.val_loss for r in by_variant[v]]) for v in family]) if len(family) >= 2 else None
+                             [np.mean([r.val_loss for r in by_variant[v]])
+                              for v in family]) if len(family) >= 2 else None
 
     markdown = _markdown(study, rows, paired, family, fit, base_params, len(results), baseline, lrs)
     _write_csv(study_dir / "results.csv", results)
@@ -162,23 +164,28 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
 def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, lrs) -> str:
     sweep = study.get("lrs")
     with_acc = all(r["acc"] is not None for r in rows)  # next-token or masked-token accuracy, when logged
+    head = ("| variant | lr | seeds | non-emb params | vs base | val loss (mean ± std) | ppl | Δ log-loss | Δ ppl "
+            "| tokens/s |")
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
-             f"{n_runs} finished runs. Relative change = (variant - baseline) / baseline, the sign of Δ: positive is worse."
+             f"{n_runs} finished runs. Relative change = (variant - baseline) / baseline, the sign of Δ: "
+             "positive is worse."
              + (" Each variant at its best peak lr of " + ", ".join(f"{x:g}" for x in sweep) + "." if sweep else ""),
-             "", "| variant | lr | seeds | non-emb params | vs base | val loss (mean ± std) | ppl | Δ log-loss | Δ ppl | tokens/s |"
-             + (" val accuracy |" if with_acc else ""), "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
+             "", head + (" val accuracy |" if with_acc else ""),
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
     for r in rows:
         std = f" ± {r['val_loss_std']:.4f}" if not math.isnan(r["val_loss_std"]) else ""
         lines.append(f"| {r['variant']} | {r['lr']:g} | {r['seeds']} | {r['params']:,} | {r['params_vs_base']:+.2%} | "
                      f"{r['val_loss']:.4f}{std} | {r['ppl']:.2f} | {r['d_loss']:+.2%} | {r['d_ppl']:+.2%} | "
                      f"{r['tokens_per_s']:,.0f} |" + (f" {r['acc']:.4f} |" if with_acc else ""))
     lines += ["", f"## Paired differences vs `{baseline}` (variant - baseline, same seed = same batches)", "",
-              f"Verdicts are Holm-adjusted over the {len(paired)} variants compared with `{baseline}` (one family); the "
-              "intervals are unadjusted.", "",
-              "| variant | pairs | mean Δ val loss | 95% interval | p | Holm p | verdict (Holm) |", "|---|---|---|---|---|---|---|"]
+              f"Verdicts are Holm-adjusted over the {len(paired)} variants compared with `{baseline}` (one family); "
+              "the intervals are unadjusted.", "",
+              "| variant | pairs | mean Δ val loss | 95% interval | p | Holm p | verdict (Holm) |",
+              "|---|---|---|---|---|---|---|"]
     for variant, p in zip(paired, holm_verdicts(list(paired.values()))):
         p_text = "" if math.isnan(p["p"]) else f"{p['p']:.3g} | {p['p_holm']:.3g}"
-        lines.append(f"| {variant} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p_text or ' | '} | {p['verdict']} |")
+        lines.append(f"| {variant} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p_text or ' | '} | "
+                     f"{p['verdict']} |")
     lines += ["", "## Parameter equivalence", ""]
     if not study.get("width_family"):
         lines.append("This study has no family of wider linear baselines, so no parameter equivalent is fitted.")
@@ -205,7 +212,8 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
 def _write_csv(path: Path, results: list[RunResult]) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["run", "variant", "lr", "seed", "non_embedding_params", "val_loss", "val_ppl", "val_bpb", "tokens_per_s"])
+    writer.writerow(["run", "variant", "lr", "seed", "non_embedding_params", "val_loss", "val_ppl", "val_bpb",
+                     "tokens_per_s"])
     for r in sorted(results, key=lambda r: (r.variant, r.lr, r.seed)):
         writer.writerow([r.name, r.variant, r.lr, r.seed, r.params, f"{r.val_loss:.6f}", f"{math.exp(r.val_loss):.4f}",
                          f"{r.val_bpb:.6f}", f"{r.tokens_per_s:.1f}"])
@@ -244,7 +252,8 @@ def _plot_paired_curves(path: Path, by_variant: dict[str, list[RunResult]], base
         steps = [s for s, _ in points]
         line, = ax.plot(steps, [p["mean"] for _, p in points], marker=".", label=variant)
         if not any(math.isnan(p["low"]) for _, p in points):
-            ax.fill_between(steps, [p["low"] for _, p in points], [p["high"] for _, p in points], color=line.get_color(),
+            ax.fill_between(steps, [p["low"] for _, p in points], [p["high"] for _, p in points],
+                            color=line.get_color(),
                             alpha=0.15)
     ax.axhline(0.0, color="k", lw=0.8)
     ax.set(xlabel="step", ylabel=f"val loss - {baseline} (nats; < 0 is better)",
@@ -265,6 +274,7 @@ def _plot_params(path: Path, rows: list[dict], family: list[str], fit) -> None:
         ns = np.linspace(min(r["params"] for r in rows) * 0.95, max(r["params"] for r in rows) * 1.05, 50)
         ax.plot(ns, fit[0] + fit[1] * np.log(ns), "k--", lw=1, label="fit over the width family")
         ax.legend()
-    ax.set(xlabel="non-embedding parameters", ylabel="final val loss (mean ± std over seeds)", title="loss vs parameters")
+    ax.set(xlabel="non-embedding parameters", ylabel="final val loss (mean ± std over seeds)",
+           title="loss vs parameters")
     ax.grid(alpha=0.3)
     save_figure(fig, path)

@@ -46,7 +46,8 @@ def slurm_shard(env: dict | None = None) -> tuple[int, int]:
         first = int(env.get("SLURM_ARRAY_TASK_MIN", 0 if task < count else 1))
     except (KeyError, ValueError):
         raise UserError("--shard auto reads SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT, which are not set (or "
-                        "not numbers): submit the study as a job array (sbatch --array=1-N), or give --shard K/N") from None
+                        "not numbers): submit the study as a job array (sbatch --array=1-N), "
+                        "or give --shard K/N") from None
     k = task - first + 1
     if not 1 <= k <= count:
         raise UserError(f"--shard auto: array task {task} (first {first}) is not one of {count} tasks; use a "

@@ -86,7 +86,8 @@ def read_plan(raw: dict, where: str = "the plan") -> Plan:
         fail("name", f"is {name!r}; give a short name of letters, digits, '.', '_' or '-'")
     data = _table(raw, "data", fail)
     if not all(isinstance(data.get(k), str) and data.get(k) for k in ("source", "tokenizer")):
-        fail("data", "needs source and tokenizer (as for nlq prepare), e.g. source = \"pypkg\", tokenizer = \"bpe:2048\"")
+        fail("data", "needs source and tokenizer (as for nlq prepare), e.g. source = \"pypkg\", tokenizer = "
+                     "\"bpe:2048\"")
     extra = sorted(set(data) - {"source", "tokenizer", "val_fraction"})
     if extra:
         fail(f"data.{extra[0]}", "is not known; data has source, tokenizer and val_fraction")
@@ -141,7 +142,8 @@ def _arms(arms, base: RunConfig, fail) -> list[Variant]:
         out.append(Variant(name, changes, str(arm.get("note", ""))))
     names = [a.name for a in out]
     if len(set(names)) < len(names):
-        fail("arms", f"repeat a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))}); names must differ")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        fail("arms", f"repeat a name ({', '.join(repeated)}); names must differ")
     return out
 
 
@@ -161,7 +163,8 @@ def _design(design: dict, arms: list[str], fail) -> dict:
         value = design[key]
         kinds = kind if isinstance(kind, tuple) else (int, float) if kind is float else (kind,)
         if isinstance(value, bool) or not isinstance(value, kinds):
-            fail(f"design.{key}", f"is {value!r}; it must be {'a number' if kind is float else kind.__name__ if isinstance(kind, type) else 'a number'}")
+            wanted = kind.__name__ if isinstance(kind, type) and kind is not float else "a number"
+            fail(f"design.{key}", f"is {value!r}; it must be {wanted}")
     _check_design(design, arms, grid, fail)
     return design
 
@@ -174,7 +177,8 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
             fail(f"design.{key}", f"is {values!r}; give at least two distinct non-negative integers")
 
     shape = d["shape"]
-    if sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(isinstance(v, int) and v > 0 for v in shape.values()):
+    if sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(isinstance(v, int) and v > 0
+                                                                   for v in shape.values()):
         fail("design.shape", f"is {shape!r}; give {{n_layer = L, n_head = H, n_embd = D}} as positive integers")
     if not d["budgets_tpp"] or not all(isinstance(b, (int, float)) and b > 0 for b in d["budgets_tpp"]):
         fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; give positive tokens-per-parameter budgets")
@@ -202,8 +206,10 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
     if grid:
         seeds("selection_seeds")
         if set(d["selection_seeds"]) & set(d["seeds"]):
-            fail("design.selection_seeds", "share seeds with design.seeds; the lr is chosen on seeds that are not tested")
-        if not d["lrs"] or not all(isinstance(x, (int, float)) and x > 0 for x in d["lrs"]) or sorted(d["lrs"]) != d["lrs"]:
+            fail("design.selection_seeds",
+                 "share seeds with design.seeds; the lr is chosen on seeds that are not tested")
+        positive = all(isinstance(x, (int, float)) and x > 0 for x in d["lrs"])
+        if not d["lrs"] or not positive or sorted(d["lrs"]) != d["lrs"]:
             fail("design.lrs", f"is {d['lrs']!r}; give increasing positive peak lrs")
         if not d["edge_factor"] > 1 or d["max_extensions"] < 0 or not 0 < d["min_lr_ratio"] <= 1:
             fail("design", "needs edge_factor > 1, max_extensions >= 0 and min_lr_ratio in (0, 1]")

@@ -63,7 +63,8 @@ def probe_runs(study: Study) -> list[Run]:
 
 def held_out_curve(run_dir: Path) -> dict[int, float]:
     """step -> held-out accuracy at each evaluation of a run ({} without metrics)."""
-    return {int(r["step"]): r["val_acc"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("val_acc") is not None}
+    return {int(r["step"]): r["val_acc"] for r in read_metrics(run_dir / "metrics.jsonl")
+            if r.get("val_acc") is not None}
 
 
 def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD, curve: dict[int, float] | None = None) -> int | None:
@@ -117,17 +118,18 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
     lines[4] += (f" Loss verdicts are Holm-adjusted over the {sum(loss is not None for _, loss in rows)} cells with "
                  "pairs (one family); the intervals are unadjusted.")
     lines += ["", "## Solved or not, pooled over widths (paired by task, width and seed)", "",
-              f"Final accuracy is nearly all-or-nothing (a run either forms the recall mechanism or stays on the plateau), "
-              "so a 3-seed t interval per cell says little. Pooled over a task's widths (and over all tasks), each "
-              "variant's runs are paired with `linear`'s of the same task, width and seed: how often one solved it "
-              f"(held-out accuracy >= {threshold:.0%} at some evaluation) and the other did not, with an exact two-sided "
-              "sign test on those discordant pairs.", "",
-              "| tasks | variant | runs solved | solved, linear not | linear solved, variant not | sign test p | Holm p | "
-              "median step reaching it (solved runs) |", "|---|---|---|---|---|---|---|---|"]
+              "Final accuracy is nearly all-or-nothing (a run either forms the recall mechanism or stays on the "
+              "plateau), so a 3-seed t interval per cell says little. Pooled over a task's widths (and over all "
+              "tasks), each variant's runs are paired with `linear`'s of the same task, width and seed: how often one "
+              f"solved it (held-out accuracy >= {threshold:.0%} at some evaluation) and the other did not, with an "
+              "exact two-sided sign test on those discordant pairs.", "",
+              "| tasks | variant | runs solved | solved, linear not | linear solved, variant not | sign test p "
+              "| Holm p | median step reaching it (solved runs) |", "|---|---|---|---|---|---|---|---|"]
     pooled = [row for scope in [*dict.fromkeys(r["task"] for r in runs), "all"]
               for row in pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], variants)]
     lines += format_pooled_rows(pooled)
-    lines += ["", f"Sign-test p values are Holm-adjusted over the {sum(r['p'] is not None for r in pooled)} tests of this "
+    tests = sum(r['p'] is not None for r in pooled)
+    lines += ["", f"Sign-test p values are Holm-adjusted over the {tests} tests of this "
               "table (one family, though the 'all' rows pool the task rows). The median of an even count is the mean "
               "of the middle two.", "",
               "Plots: `probes_accuracy.png` (final held-out accuracy against width: a line per variant through the "
@@ -173,7 +175,8 @@ def pooled_solve_rows(scope: str, runs: list[dict], variants: list[str]) -> list
         pairs = [(solved[k], solved[(*k[:3], "linear")]) for k in mine if (*k[:3], "linear") in solved]
         if variant != "linear" and pairs:
             wins, losses = sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
-            row |= {"wins": wins, "losses": losses, "p": binomtest(wins, wins + losses).pvalue if wins + losses else 1.0}
+            row |= {"wins": wins, "losses": losses,
+                    "p": binomtest(wins, wins + losses).pvalue if wins + losses else 1.0}
         rows.append(row)
     return rows
 
@@ -189,7 +192,8 @@ def format_pooled_rows(rows: list[dict]) -> list[str]:
         if r["p"] is None:
             lines.append(head + f" | | | | {median_text} |")
         else:
-            lines.append(head + f" {r['wins']} | {r['losses']} | {r['p']:.3g} | {adjusted[id(r)]:.3g} | {median_text} |")
+            lines.append(head + f" {r['wins']} | {r['losses']} | {r['p']:.3g} | {adjusted[id(r)]:.3g} | "
+                                f"{median_text} |")
     return lines
 
 

@@ -53,5 +53,6 @@ def build_report(study_dir: str | Path) -> str:
     study, _ = load_results(study_dir)  # one-line errors for a folder that is no study, or one with no finished run
     kind = study.get("report", "comparison")
     if kind not in REPORTS:
-        raise UserError(f"{study_dir / 'study.json'} asks for a report {kind!r} that this nlq does not have ({', '.join(REPORTS)})")
+        raise UserError(f"{study_dir / 'study.json'} asks for a report {kind!r} that this nlq does not have "
+                        f"({', '.join(REPORTS)})")
     return REPORTS[kind](study_dir, study)

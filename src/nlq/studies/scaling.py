@@ -112,7 +112,8 @@ def planned_tokens(widths: dict = WIDTHS, seeds: list[int] = SEEDS, variants: in
     """Training tokens of the whole study: the sweep, plus per (width, variant, seed) one WSD chain."""
     config, total = base(), 0
     for spec in widths.values():
-        sweep = budget_steps(config, spec["shape"], spec["sweep_tpp"]) * config.train.batch_size * config.model.block_size
+        steps = budget_steps(config, spec["shape"], spec["sweep_tpp"])
+        sweep = steps * config.train.batch_size * config.model.block_size
         total += len(spec["lrs"]) * variants * sweep
         total += len(seeds) * variants * chain_tokens(config, spec["shape"], spec["budgets"])
     return total
@@ -168,15 +169,18 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
                     continue
                 p = paired_difference([a for a, _ in pairs], [b for _, b in pairs])
                 p["deltas"] = [a - b for a, b in pairs]
-                own = mean_std([r["tokens"] / r["non_embedding_parameters"] for r in cell if r["variant"] == variant])[0]
+                own = mean_std([r["tokens"] / r["non_embedding_parameters"] for r in cell
+                                if r["variant"] == variant])[0]
                 table.append(((width, variant, tpp), p, f"| {width} | {tpp:g} | {own:.1f} | {cell[0]['tokens']:,} | "
                                                         f"{base_text} | {variant} |"))
     tested = holm_verdicts([p for _, p, _ in table])
     lines += ["", "## Δ val loss vs `linear` at each budget (variant - linear, paired by seed: same batches and "
               "shared initial weights)", "",
-              f"Tokens/param: per non-embedding parameter of linear (the budget), and of the variant. Verdicts are "
-              f"Holm-adjusted over the {len(table)} intervals of this table (one family); the interval is unadjusted.", "",
-              "| width | tokens/param | variant's tokens/param | tokens | linear val loss (mean ± std) | variant | pairs | "
+              "Tokens/param: per non-embedding parameter of linear (the budget), and of the variant. Verdicts are "
+              f"Holm-adjusted over the {len(table)} intervals of this table (one family); the interval is "
+              "unadjusted.", "",
+              "| width | tokens/param | variant's tokens/param | tokens | linear val loss (mean ± std) | variant | "
+              "pairs | "
               "mean Δ | 95% interval | p | Holm p | verdict (Holm) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (key, _, prefix), p in zip(table, tested):
@@ -188,7 +192,8 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
               "Per seed, the least-squares slope of that seed's Δ against log2(tokens per parameter) over its finished "
               "budgets (at least 3); the mean over seeds with a 95% t interval. Below 0: the variant gains on linear "
               f"as tokens grow. Readings are Holm-adjusted over the {len(trends)} rows of this table.", "",
-              "| width | variant | budgets (tokens/param) | seeds | Δ per doubling | 95% interval | p | Holm p | reading |",
+              "| width | variant | budgets (tokens/param) | seeds | Δ per doubling | 95% interval | p | Holm p | "
+              "reading |",
               "|---|---|---|---|---|---|---|---|---|"]
     for ((width, variant), trend), tested_trend in zip(trends.items(), holm_verdicts(list(trends.values()))):
         reading = {"better": "gains as tokens grow", "worse": "loses as tokens grow",
@@ -234,7 +239,8 @@ def tpp_trends(budgets: list[dict], variants: list[str], min_points: int = 3) ->
 def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[str]:
     if not sweep:
         return ["No lr-sweep run has finished yet (or the study has no sweep: see its description)."]
-    lines = ["| width | variant | " + " | ".join(f"lr {lr:g}" for lr in sorted({r['lr'] for r in sweep})) + " | best lr |",
+    lines = ["| width | variant | " + " | ".join(f"lr {lr:g}" for lr in sorted({r['lr'] for r in sweep}))
+             + " | best lr |",
              "|---|---|" + "---|" * (len({r["lr"] for r in sweep}) + 1)]
     best_by_width: dict[str, set] = {}
     best_of: dict[tuple[str, str], float] = {}
@@ -252,10 +258,13 @@ def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[s
         done = {(r["variant"], r["lr"]) for r in sweep if r["width"] == width}
         expected = len(variants) * len(widths[width]["lrs"]) if width in widths else len(done)
         if len(done) < expected:
-            lines.append(f"- {width}: sweep incomplete ({len(done)} of {expected} runs); no verdict on the best lr yet.")
+            lines.append(f"- {width}: sweep incomplete ({len(done)} of {expected} runs); "
+                         "no verdict on the best lr yet.")
             continue
-        lines.append(f"- {width}: the best lr is {'the same for every variant' if len(best) == 1 else 'not the same for every variant'} "
-                     f"({', '.join(f'{b:g}' for b in sorted(best))}); one seed, so a difference of one grid step can be noise.")
+        lines.append(f"- {width}: the best lr is "
+                     f"{'the same for every variant' if len(best) == 1 else 'not the same for every variant'} "
+                     f"({', '.join(f'{b:g}' for b in sorted(best))}); one seed, so a difference of one grid step can "
+                     "be noise.")
         grid = sorted({r["lr"] for r in sweep if r["width"] == width})
         edge = [v for v in variants if best_of.get((width, v)) in (grid[0], grid[-1])]
         if edge and len(grid) > 2:

@@ -124,7 +124,8 @@ def power_paired_t(effect: float, sd: float, n: int, confidence: float = 0.95) -
     return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
 
 
-def pairs_needed(effect: float, sd: float, power: float = 0.8, confidence: float = 0.95, most: int = 10_000) -> int | None:
+def pairs_needed(effect: float, sd: float, power: float = 0.8, confidence: float = 0.95,
+                 most: int = 10_000) -> int | None:
     """The fewest pairs whose paired t test finds a true difference `effect` with this power (None beyond most)."""
     for n in range(3, most + 1):
         if power_paired_t(effect, sd, n, confidence) >= power:

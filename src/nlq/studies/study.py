@@ -233,7 +233,8 @@ def parse_shard(text: str) -> tuple[int, int]:
     except ValueError:
         k = n = 0
     if not 1 <= k <= n:
-        raise UserError(f"--shard {text!r} is not K/N with 1 <= K <= N (e.g. --shard 1/2 and --shard 2/2 in two processes)")
+        raise UserError(f"--shard {text!r} is not K/N with 1 <= K <= N (e.g. --shard 1/2 and --shard 2/2 in two "
+                        "processes)")
     return k, n
 
 
@@ -254,15 +255,17 @@ def _wait_for_others(runs: list[Run], configs: list[RunConfig], study_dir: Path,
         owner |= {runs[i].name: k for i in shard_indices(runs, k, shard[1])}
     waited, poll_s = 0.0, WAIT_POLL_S
     while True:
-        pending = [r.name for r, c in zip(runs, configs) if not run_ended(study_dir / "runs" / r.name, c.train.max_steps)]
+        pending = [r.name for r, c in zip(runs, configs)
+                   if not run_ended(study_dir / "runs" / r.name, c.train.max_steps)]
         if not pending:
             return
-        idle = sorted({owner[name] for name in pending} - {owner[r.name] for r in runs if (study_dir / "runs" / r.name).exists()})
+        idle = sorted({owner[name] for name in pending} - {owner[r.name] for r in runs
+                                                           if (study_dir / "runs" / r.name).exists()})
         if idle and waited >= WAIT_UNSTARTED_S:
             listed = ", ".join(f"{k}/{shard[1]}" for k in idle[:5]) + (" ..." if len(idle) > 5 else "")
             raise UserError(f"shard {shard[0]}/{shard[1]}: shard(s) {listed} have not started any of their runs in "
-                            f"{waited / 60:.0f} min; start them (nlq study ... --shard K/{shard[1]} for each K), or run "
-                            f"this study with fewer shards; finished runs are kept")
+                            f"{waited / 60:.0f} min; start them (nlq study ... --shard K/{shard[1]} for each K), "
+                            f"or run this study with fewer shards; finished runs are kept")
         if waited == 0 or waited // 600 != (waited - poll_s) // 600:  # at the start, then every 10 minutes
             log(f"shard {shard[0]}/{shard[1]}: waiting for {len(pending)} run(s) of the other shards "
                 f"(e.g. {pending[0]}, shard {owner[pending[0]]}/{shard[1]}) to finish this stage")

@@ -49,7 +49,8 @@ def read_study(study_dir: Path) -> dict:
     if not study_path.is_file():
         raise UserError(f"{study_dir} is not a study directory (no study.json); run nlq study NAME --out {study_dir}")
     study = read_json(study_path, "the study's description; run nlq study again to rewrite it")
-    if not isinstance(study.get("runs", []), list) or not all(isinstance(r, dict) and "name" in r for r in study.get("runs", [])):
+    runs = study.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and "name" in r for r in runs):
         raise UserError(f"{study_path} lists its runs wrongly (not a list of runs with names); run nlq study again")
     return study
 
@@ -66,7 +67,8 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
         if summary.get("val_loss") is None:
             continue
         curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
-        results.append(RunResult(run["name"], run["variant"], run["seed"], run["lr"], summary["non_embedding_parameters"],
+        results.append(RunResult(run["name"], run["variant"], run["seed"], run["lr"],
+                                 summary["non_embedding_parameters"],
                                  summary["val_loss"], summary.get("val_bpb") or math.nan, summary["tokens_per_s"],
                                  curve, summary.get("val_acc")))
     if not results:

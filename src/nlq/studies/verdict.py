@@ -87,7 +87,8 @@ def build_verdict_report(study_dir: Path, study: dict) -> str:
     outcome = {"registered_pairs": len(seeds), "finished_pairs": finished}
     if len(pairs) < len(seeds):
         lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
-                  "have: no endpoint is shown before, so that no one can stop or extend the study on what it shows.", ""]
+                  "have: no endpoint is shown before, so that no one can stop or extend the study on what it "
+                  "shows.", ""]
         return write_outcome(study_dir, lines, outcome)
     decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method)
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
@@ -132,14 +133,16 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
              f"- mean Δ {interval['mean']:+.4f} nats ({interval['mean'] / base_mean:+.2%} of {baseline}'s loss; "
              f"positive: {method} worse), {s['confidence']:.0%} interval {interval_text(interval)}, "
              f"paired sd {interval['sd']:.4f} (planned for {s['planning_sd']:g}), p = {interval['p']:.3g};",
-             f"- equivalence test: p = {tost['p_lower']:.3g} against Δ <= -{s['margin']:g} and p = {tost['p_upper']:.3g} "
-             f"against Δ >= +{s['margin']:g}; {1 - 2 * s['alpha']:.0%} interval [{tost['low']:+.4f}, {tost['high']:+.4f}] "
+             f"- equivalence test: p = {tost['p_lower']:.3g} against Δ <= -{s['margin']:g} and "
+             f"p = {tost['p_upper']:.3g} against Δ >= +{s['margin']:g}; {1 - 2 * s['alpha']:.0%} interval "
+             f"[{tost['low']:+.4f}, {tost['high']:+.4f}] "
              + ("inside" if tost["equivalent"] else "not inside") + f" ±{s['margin']:g};",
              f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole val split ({len(pairs)} seeds)."]
     if decision["verdict"] == "inconclusive":
         needed = pairs_needed(s["margin"], interval["sd"])
-        lines.append(f"- What would settle it: at the observed paired sd, a new study of {needed or 'more than 10,000'} "
-                     f"pairs has 80% power to find a difference of {s['margin']:g} nats (seeds are not added to this one).")
+        lines.append("- What would settle it: at the observed paired sd, a new study of "
+                     f"{needed or 'more than 10,000'} pairs has 80% power to find a difference of {s['margin']:g} "
+                     "nats (seeds are not added to this one).")
     windows = paired_difference([loss[(method, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs],
                                 [loss[(baseline, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs])
     lines += ["", f"The same pairs on the 128 fixed eval windows used during training (16,384 tokens; not the "
@@ -151,7 +154,8 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
 
 def _secondary_section(loss: dict, s: dict, baseline: str, method: str) -> list[str]:
     """The declared secondary comparisons, one Holm family: every (variant, budget) but the primary one."""
-    family = [(v, tpp) for v in [method, *s["secondary"]] for tpp in s["budgets_tpp"] if (v, tpp) != (method, s["primary_tpp"])]
+    family = [(v, tpp) for v in [method, *s["secondary"]] for tpp in s["budgets_tpp"]
+              if (v, tpp) != (method, s["primary_tpp"])]
     rows = []
     for variant, tpp in family:
         pairs = pairs_of(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
@@ -164,13 +168,15 @@ def _secondary_section(loss: dict, s: dict, baseline: str, method: str) -> list[
     # Holm over the whole declared family: a comparison whose pairs are not all in counts with p = 1 until they
     # are, which can only make the others' adjusted p larger (never smaller) than the family's final adjustment.
     adjusted = holm([p["p"] for _, _, p in rows] + [1.0] * (len(family) - len(rows)))[:len(rows)]
-    pending = "" if len(rows) == len(family) else (f"; the {len(family) - len(rows)} whose pairs are not all in yet count "
-                                                   "with p = 1 until they are, which keeps the adjustment conservative")
+    pending = "" if len(rows) == len(family) else (f"; the {len(family) - len(rows)} whose pairs are not all in yet "
+                                                   "count with p = 1 until they are, which keeps the adjustment "
+                                                   "conservative")
     lines += [f"Holm-adjusted over the {len(family)} declared comparisons as one family{pending}.", "",
               f"| variant | tokens/param | pairs | mean Δ vs {baseline} | 95% interval | p | Holm p | reading |",
               "|---|---|---|---|---|---|---|---|"]
     for (variant, tpp, p), p_holm in zip(rows, adjusted):
-        reading = "within noise" if p_holm >= 1 - s["confidence"] else ("lower loss" if p["mean"] < 0 else "higher loss")
+        significant = p_holm < 1 - s["confidence"]
+        reading = ("lower loss" if p["mean"] < 0 else "higher loss") if significant else "within noise"
         lines.append(f"| {variant} | {tpp:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | "
                      f"{p_holm:.3g} | {reading} |")
     return lines

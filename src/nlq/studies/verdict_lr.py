@@ -41,7 +41,8 @@ def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[
     return runs
 
 
-def lr_means(ended: dict[tuple[str, float, int], float | None], arm: str, seeds: list[int]) -> dict[float, float | None]:
+def lr_means(ended: dict[tuple[str, float, int], float | None], arm: str,
+             seeds: list[int]) -> dict[float, float | None]:
     """Each lr an arm has tried on these seeds -> its mean endpoint, None where a run diverged (that lr is out);
     only lrs whose runs have all ended."""
     tried = sorted({lr for (a, lr, seed) in ended if a == arm and seed in seeds})
@@ -98,7 +99,8 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
         if (run_dir / DIVERGED).is_file():
             out[(r["variant"], r["lr"], r["seed"])] = None
         elif (run_dir / "summary.json").is_file():
-            out[(r["variant"], r["lr"], r["seed"])] = read_json(run_dir / "summary.json", "a run summary").get(s["endpoint"])
+            summary = read_json(run_dir / "summary.json", "a run summary")
+            out[(r["variant"], r["lr"], r["seed"])] = summary.get(s["endpoint"])
     return out
 
 

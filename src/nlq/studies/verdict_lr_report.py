@@ -46,7 +46,8 @@ def build_verdict_lr_report(study_dir: Path, study: dict) -> str:
 
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
     loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs
-            if r["seed"] in s["seeds"] and chosen[r["variant"]]["lr"] is not None and r["lr"] == chosen[r["variant"]]["lr"]}
+            if r["seed"] in s["seeds"] and chosen[r["variant"]]["lr"] is not None
+            and r["lr"] == chosen[r["variant"]]["lr"]}
     tested = endpoints(study_dir, study, s["seeds"])
     pairs = pairs_of(loss, baseline, method, s["seeds"], s["primary_tpp"], s["endpoint"])
     diverged = sorted({seed for (arm, lr, seed), value in tested.items()
@@ -79,7 +80,8 @@ def design_text(s: dict) -> str:
     baseline, method = s["primary"]
     return (f"Selection: the arms {', '.join(s['primary'] + s['secondary'])} at peak lr "
             f"{', '.join(f'{lr:g}' for lr in s['lrs'])} (min lr = peak x {s['min_lr_ratio']:g}) on seeds "
-            f"{', '.join(map(str, s['selection_seeds']))}; each arm's lr is the one with the lowest mean {s['endpoint']} "
+            f"{', '.join(map(str, s['selection_seeds']))}; each arm's lr is the one with the lowest mean "
+            f"{s['endpoint']} "
             f"at {s['primary_tpp']:g} tokens per parameter (an lr with a diverged run is out; a tie goes to the lower "
             f"lr); a best lr at an edge of what was tried extends the grid by x{s['edge_factor']:g} that way (at most "
             f"{s['max_extensions']} times), until the best is inside or the next lr diverges. Test: every arm at its "
@@ -194,7 +196,8 @@ def qknorm_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list
     for member in s["secondary_family"]:
         if member == "interaction":
             (nq, lq), (n, ln) = ("nonlinear-qknorm", "linear-qknorm"), s["primary"][::-1]
-            diffs = [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)]) for seed in complete]
+            diffs = [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)])
+                     for seed in complete]
             label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
             p, base = paired_difference(diffs, [0.0] * len(diffs), s["confidence"]), None
         else:
@@ -207,7 +210,8 @@ def qknorm_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list
     adjusted = holm([r["p"] for r in rows])
     lines += [f"Holm-adjusted over the {len(rows)} declared comparisons as one family; Δ positive: the first-named "
               "arm has the higher loss.", "",
-              f"| comparison | pairs | mean Δ | % of the baseline | {s['confidence']:.0%} interval | p | Holm p | reading |",
+              f"| comparison | pairs | mean Δ | % of the baseline | {s['confidence']:.0%} interval | p | Holm p | "
+              "reading |",
               "|---|---|---|---|---|---|---|---|"]
     for row, p_holm in zip(rows, adjusted):
         row["holm_p"] = p_holm
@@ -233,8 +237,8 @@ def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arm
             ax.scatter([best["lr"] * nudge], [best["mean"]], s=120, facecolors="none", edgecolors=f"C{i}", lw=1.5)
     lrs = sorted({row["lr"] for rows in curve.values() for row in rows})
     ax.set(xscale="log", xlabel="peak lr (min lr = peak / 10)", ylabel=f"{s['endpoint']} (nats)",
-           title=f"verdict-lr selection: seeds {', '.join(map(str, s['selection_seeds']))}, per-seed points, means with "
-                 f"{s['confidence']:.0%} intervals")
+           title=f"verdict-lr selection: seeds {', '.join(map(str, s['selection_seeds']))}, per-seed points, "
+                 f"means with {s['confidence']:.0%} intervals")
     ax.set_xticks(lrs, labels=[f"{lr:g}" for lr in lrs], fontsize=8)
     ax.minorticks_off()
     ax.title.set_fontsize(9)

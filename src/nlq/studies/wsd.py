@@ -70,7 +70,8 @@ def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, wid
         if start > 0:
             changes["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
         level.append(Run(study, variant, seed, named_lr, merged(merged(common, {"train": changes}), branch or {}),
-                         tag=f"{width}-tpp{tpp:g}", labels={"stage": "budget", "width": width, "tpp": tpp, "steps": budget},
+                         tag=f"{width}-tpp{tpp:g}", labels={"stage": "budget", "width": width, "tpp": tpp,
+                                                            "steps": budget},
                          group=stable.name))
         levels.append(level)
     return levels

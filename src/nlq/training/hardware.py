@@ -27,7 +27,8 @@ def tune_allocator() -> bool:
     try:
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_max = -1, -4  # glibc's mallopt parameter numbers (malloc.h)
-        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))  # int max: never trim
+        never_trim = 2**31 - 1  # int max
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, never_trim))
     except (OSError, AttributeError):
         return False
 
@@ -55,9 +56,10 @@ def check_memory(config: RunConfig, micro_rows: int, device: torch.device) -> No
     m = config.model
     lower = ("model.n_layer, model.n_embd, model.vocab_size or model.block_size" if need["parameters"] > have / 2
              else "train.batch_size (the micro-batch), model.block_size or the model size")
-    raise UserError(f"this run needs about {sum(need.values()) / 2**30:,.1f} GiB ({need['parameters'] / 2**30:,.1f} for "
-                    f"weights and optimizer state, {need['activations'] / 2**30:,.1f} for activations of {micro_rows} x "
-                    f"{m.block_size} tokens) and {device} has {have / 2**30:,.1f} GiB; lower {lower}")
+    gib = {key: value / 2**30 for key, value in need.items()}
+    raise UserError(f"this run needs about {sum(gib.values()):,.1f} GiB ({gib['parameters']:,.1f} for weights and "
+                    f"optimizer state, {gib['activations']:,.1f} for activations of {micro_rows} x {m.block_size} "
+                    f"tokens) and {device} has {have / 2**30:,.1f} GiB; lower {lower}")
 
 
 def cpu_has_native_bf16() -> bool:

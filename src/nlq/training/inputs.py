@@ -113,7 +113,8 @@ class TaskInputs:
                             f"--train.objective=clm (and a causal model)")
         if self.task.vocab_size > config.model.vocab_size:
             raise UserError(f"task {self.task.name} uses {self.task.vocab_size} token ids, more than "
-                            f"model.vocab_size={config.model.vocab_size}; set --model.vocab_size={self.task.vocab_size}")
+                            f"model.vocab_size={config.model.vocab_size}; "
+                            f"set --model.vocab_size={self.task.vocab_size}")
 
     def plan(self, global_rows: int, seed: int):
         return TaskPlan(self.task, global_rows, seed)

@@ -122,7 +122,8 @@ class Trainer:
             self.fresh = load_initial_weights(self.model, tcfg.init_from)
         self.model = self.model.to(env.device)
         self.train_model = distributed.wrap(self.model, env, cfg.dist.strategy)
-        self.optimizer = make_optimizer(self.model, tcfg, env.device, sharded=env.distributed and cfg.dist.strategy == "fsdp")
+        self.optimizer = make_optimizer(self.model, tcfg, env.device,
+                                        sharded=env.distributed and cfg.dist.strategy == "fsdp")
         if self.payload:
             try:
                 ckpt.load_full_state(self.model, self.optimizer, self.payload["model"], self.payload["optimizer"])
@@ -140,12 +141,14 @@ class Trainer:
     def _existing_checkpoint(self, resume: bool) -> dict | None:
         """The state to start from: this run's latest checkpoint on --resume, else train.resume_from (a
         checkpoint of another run: a branch, e.g. a WSD cooldown from a stable run), else None."""
-        others = [p for p in self.run_dir.iterdir() if p.name != "requested_config.json"] if self.run_dir.is_dir() else []
+        others = [p for p in self.run_dir.iterdir()
+                  if p.name != "requested_config.json"] if self.run_dir.is_dir() else []
         if others and not (self.run_dir / "config.json").is_file():  # (a study writes requested_config.json first)
             raise UserError(f"{self.run_dir} holds files but no run (no config.json): it is another kind of folder, "
                             f"which nlq train does not write into; choose a new or empty --out")
         latest = ckpt.latest_checkpoint(self.run_dir)
-        if not resume and (latest is not None or read_metrics(self.run_dir / "metrics.jsonl")):  # an empty start is no run
+        # an empty start is no run
+        if not resume and (latest is not None or read_metrics(self.run_dir / "metrics.jsonl")):
             raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")
         if resume and latest is not None:
             return self._resumable(ckpt.load_checkpoint(latest))
@@ -187,7 +190,8 @@ class Trainer:
             f"run {self.run_dir}: {self.model.num_parameters():,} non-embedding parameters, query={cfg.model.query}, "
             f"{step_tokens:,} tokens/step ({self.spec.global_rows} x {context}; {env.world} proc x "
             f"{self.spec.accum} accum x {self.spec.micro_rows}), device {env.device}, "
-            + (f"branching from {self.payload['branched_from']} at step {self.start_step}" if self.payload and "branched_from" in self.payload
+            + (f"branching from {self.payload['branched_from']} at step {self.start_step}"
+               if self.payload and "branched_from" in self.payload
                else f"resuming at step {self.start_step}" if self.payload else "from scratch"))
         if self.fresh is not None:
             logger.print(f"weights from {tcfg.init_from}" + (f"; fresh: {', '.join(self.fresh)}" if self.fresh else ""))
@@ -290,7 +294,7 @@ class Trainer:
         if self.env.is_main:
             payload = {"model": model_state, "optimizer": optim_state, "step": step, "rng": rng_ranks[0],
                        "rng_ranks": rng_ranks, "config": self.config.to_dict(),
-                       "tokenizer": self.inputs.checkpoint_files()}  # a copied checkpoint file still knows its tokenizer
+                       "tokenizer": self.inputs.checkpoint_files()}  # a copied checkpoint still knows its tokenizer
             path = ckpt.save_checkpoint(self.run_dir, step, payload, self.config.train.keep_checkpoints)
             if step == self.config.train.max_steps:
                 ckpt.save_model_only(self.run_dir, model_state, self.config.to_dict(), step)
