@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import pytest
 
+from nlq.cli import main
 from nlq.data.batches import BatchPlan, eval_starts, step_rng
 from nlq.data.shards import load_data, prepare
 from nlq.data.sources import get_source, split_scenes, strip_play_markup
@@ -33,7 +34,7 @@ def bpe_dir(tmp_path_factory):
     return out
 
 
-# ---- tokenizers -------------------------------------------------------------------------------------
+# ---- tokenizers ------------------------------------------------------------------------------------------------------
 
 def test_byte_round_trip():
     tok = ByteTokenizer()
@@ -84,7 +85,7 @@ def test_gpt2_offline_is_a_clear_error(tmp_path):
     assert out.startswith("UserError") and "gpt2:DIR" in out
 
 
-# ---- sources and prepare ----------------------------------------------------------------------------
+# ---- sources and prepare ---------------------------------------------------------------------------------------------
 
 def test_shakespeare_markup_is_stripped():
     play = ("# Title\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter ROMEO_\n\n"
@@ -232,7 +233,7 @@ def test_truncated_or_out_of_vocab_shards_are_refused(tmp_path):
         load_data(tmp_path / "docs")
 
 
-# ---- batch plans ------------------------------------------------------------------------------------
+# ---- batch plans -----------------------------------------------------------------------------------------------------
 
 TOKENS = np.arange(10_000, dtype=np.uint16) % 5000
 
@@ -286,7 +287,7 @@ def test_eval_windows_and_step_rng_are_fixed():
         BatchPlan(TOKENS[:10], context=32, global_rows=1, seed=0)
 
 
-# ---- pypkg: the Python source of installed distributions ---------------------------------------------------
+# ---- pypkg: the Python source of installed distributions -------------------------------------------------------------
 
 def test_pypkg_corpus_order_names_and_hash_are_deterministic(tmp_path):
     import importlib.metadata
@@ -338,3 +339,15 @@ def test_a_data_directory_from_other_package_versions_is_a_different_dataset(tmp
     monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Newer(real(name)))
     with pytest.raises(UserError, match="holds a different dataset.*tqdm==999.0"):
         prepare("pypkg:tqdm", "byte", tmp_path / "d", log=lambda *_: None)
+
+
+# ---- A BPE that the corpus cannot fill says so -----------------------------------------------------------------------
+
+def test_prepare_says_when_the_corpus_has_fewer_merges_than_asked(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(20):
+        (docs / f"{i}.txt").write_text("abc abd abe " * 50)
+    main(["prepare", "--source", str(docs), "--tokenizer", "bpe:5000", "--out", str(tmp_path / "data"),
+          "--val-fraction", "0.5"])
+    assert "the corpus supports no more merges than that, not 5,000" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import assert_wrapped_run_matches_plain, tiny_run_config
+from helpers import assert_wrapped_run_matches_plain, tiny_run_config, two_variant_study
 from nlq.runs.metrics import read_metrics
 from nlq.training.trainer import train
 
@@ -84,7 +84,7 @@ HANGING_RANK = textwrap.dedent("""
 def test_a_stuck_rank_makes_the_others_fail_after_dist_timeout(byte_data, tmp_path):
     """Two ranks started by hand (no torchrun agent to tear them down): rank 1 hangs, and rank 0 must fail on
     its own once a collective has waited dist.timeout_s, with a message that says so."""
-    from conftest import free_port
+    from helpers import free_port
 
     script = tmp_path / "hanging.py"
     script.write_text(HANGING_RANK)
@@ -107,13 +107,11 @@ def test_a_stuck_rank_makes_the_others_fail_after_dist_timeout(byte_data, tmp_pa
 
 def test_study_runs_each_run_under_torchrun(byte_data, tmp_path):
     from nlq.overrides import apply_overrides
-    from nlq.studies.study import DataSpec, Study, Variant, run_study
+    from nlq.studies.study import run_study
 
     config = tiny_run_config(byte_data, max_steps=2, batch_size=4, batch_tokens=256, eval_every=2)
-    study = Study("dist", "two variants under torchrun", apply_overrides(config, ["--dist.nproc=2"]),
-                  [Variant("linear", {"model": {"query": "linear"}}),
-                   Variant("nonlinear", {"model": {"query": "nonlinear"}})],
-                  seeds=[1], data=DataSpec("unused", "byte"))
+    study = two_variant_study(apply_overrides(config, ["--dist.nproc=2"]), "dist", seeds=[1],
+                              description="two variants under torchrun")
     run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     for name in ("linear-s1", "nonlinear-s1"):
         assert '"world": 2' in (tmp_path / "runs" / name / "summary.json").read_text()

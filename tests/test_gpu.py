@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import assert_wrapped_run_matches_plain, tiny_model_config, tiny_run_config
+from helpers import assert_wrapped_run_matches_plain, tiny_model_config, tiny_run_config
 from nlq.model import Transformer
 from nlq.projections import PROJECTIONS
 

@@ -3,6 +3,8 @@ Everything is built locally from tiny random configs; nothing is downloaded."""
 
 import json
 import math
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -10,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_model_config, tiny_run_config
+from helpers import one_line_error, tiny_model_config, tiny_run_config, train_small
+from nlq.cli import main
 from nlq.training.trainer import train
 
 transformers = pytest.importorskip("transformers")
@@ -163,7 +166,7 @@ def test_training_starts_from_hf_gpt2_and_converts_its_query(byte_data, tmp_path
     assert "blocks.0.attn.q_proj.up.weight" in state and "blocks.0.attn.q_proj.weight_proj.weight" not in state
 
 
-# ---- the paper's checkpoints ------------------------------------------------------------------------------
+# ---- the paper's checkpoints -----------------------------------------------------------------------------------------
 
 def paper_checkpoint(mode, d=16, heads=2, layers=2, vocab=50, block=8, hidden=40, scale=None, bias=False,
                      with_scale=True):
@@ -351,7 +354,7 @@ def test_a_file_that_is_no_checkpoint_is_a_one_line_error(tmp_path, content, mes
     assert not (tmp_path / "run").exists()
 
 
-# ---- retrofitting transformers models ----------------------------------------------------------------------
+# ---- retrofitting transformers models --------------------------------------------------------------------------------
 
 def assert_query_is_the_formula(query, x):
     h = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * query.in_norm_weight
@@ -434,7 +437,7 @@ def test_retrofit_of_qwen2_warns_that_its_query_biases_are_dropped():
     model(ids, labels=ids).loss.backward()
 
 
-# ---- light imports -------------------------------------------------------------------------------------------
+# ---- light imports ---------------------------------------------------------------------------------------------------
 
 def test_import_nlq_and_the_module_need_torch_alone():
     """Whatever torch imports, `from nlq import NonlinearQuery` adds only nlq's own modules."""
@@ -448,7 +451,7 @@ def test_cli_help_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
-# ---- self-contained runs -------------------------------------------------------------------------------------
+# ---- self-contained runs ---------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_a_copied_checkpoint_file_keeps_its_tokenizer_and_the_final_model_is_safetensors(byte_data, tmp_path):
@@ -472,3 +475,114 @@ def test_a_copied_checkpoint_file_keeps_its_tokenizer_and_the_final_model_is_saf
     full, _, _ = load_model(run)
     assert payload["step"] == 3
     torch.testing.assert_close(model_only(IDS)[0], full(IDS)[0], rtol=0, atol=0)
+
+
+# ---- Imports and exports are atomic, find their tokenizer, and generate in batches; odd inputs are refused -----------
+
+@pytest.fixture(scope="module")
+def nonlinear_run(byte_data, tmp_path_factory):
+    return train_small(byte_data, tmp_path_factory.mktemp("edges") / "nonlinear", "--model.query=nonlinear")
+
+
+KILL_DURING_IMPORT = """
+import os, signal, sys, torch
+from nlq.runs import checkpoint
+real = torch.save
+def dying(obj, f, *a, **k):
+    f.write(b"half")
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.torch.save = dying
+from nlq.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_import_checkpoint_killed_or_out_of_space_leaves_no_output_and_the_retry_works(run_dir, tmp_path, capsys,
+                                                                                     monkeypatch):
+    source = next((run_dir / "checkpoints").glob("step_*.pt"))
+    out = tmp_path / "imported"
+    killed = subprocess.run([sys.executable, "-c", KILL_DURING_IMPORT, "import-checkpoint", str(source),
+                             "--out", str(out)])
+    assert killed.returncode == -signal.SIGKILL
+    assert not out.exists() and list(tmp_path.glob(".imported.tmp-*"))  # only a temporary was left
+    from nlq.runs import checkpoint
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "atomic_write", full_disk)
+    one_line_error(capsys, ["import-checkpoint", source, "--out", out], "No space left")
+    assert not out.exists()
+    monkeypatch.undo()
+    main(["import-checkpoint", str(source), "--out", str(out)])
+    assert (out / "config.json").is_file() and list((out / "checkpoints").glob("step_*.pt"))
+    assert not list(tmp_path.glob(".imported.tmp-*"))  # the killed import's temporary is gone
+
+
+def test_a_killed_exports_temporary_is_removed_by_the_next_export(run_dir, tmp_path):
+    stale = tmp_path / ".hf.tmp-999999-1"
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    main(["export", str(run_dir), "--to", "hf", str(tmp_path / "hf")])
+    assert not stale.exists() and (tmp_path / "hf" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("which", ["model.safetensors", "copied checkpoint"])
+def test_export_writes_the_tokenizer_for_a_model_file_or_a_copied_checkpoint(run_dir, tmp_path, which):
+    if which == "model.safetensors":
+        source = run_dir / "model.safetensors"
+    else:
+        source = tmp_path / "elsewhere" / "step.pt"
+        source.parent.mkdir()
+        shutil.copyfile(sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1], source)
+    main(["export", str(source), "--to", "hf", str(tmp_path / "hf")])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tokenizer("Thou art")["input_ids"] == list(b"Thou art")
+
+
+def test_batched_left_padded_generation_of_a_custom_export_equals_each_row_alone(nonlinear_run, tmp_path):
+    from nlq.interop.export import export_hf
+
+    export_hf(nonlinear_run, tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    tokenizer.padding_side = "left"
+    prompts = ["Shall I", "Thou art more lovely", "Rough winds do shake the", "A"]
+
+    def generate(batch):
+        encoded = tokenizer(batch, return_tensors="pt", padding=True)
+        out = model.generate(**encoded, max_new_tokens=6, do_sample=False, use_cache=False,
+                             pad_token_id=tokenizer.pad_token_id)
+        return [tokenizer.decode(row[encoded["input_ids"].shape[1]:]) for row in out]
+
+    alone = [generate([p])[0] for p in prompts]
+    assert generate(prompts) == alone  # batch size 4 (lm-eval's generate_until) equals batch size 1
+    with torch.no_grad():  # and the padded rows' logits equal the rows' own
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+        batched = model(**encoded).logits
+        for i, p in enumerate(prompts):
+            ids = tokenizer(p, return_tensors="pt")["input_ids"]
+            torch.testing.assert_close(batched[i, -ids.shape[1]:], model(ids).logits[0], rtol=1e-4, atol=1e-4)
+
+
+def test_export_into_a_symlink_loop_is_one_line_and_writes_nothing(run_dir, tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")  # points at itself
+    before = sorted(p.name for p in tmp_path.iterdir())
+    one_line_error(capsys, ["export", run_dir, "--to", "hf", loop], "symlink loop")
+    one_line_error(capsys, ["export", run_dir, "--to", "hf", loop / "inside"], "symlink loop")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("key,value", [("n_embd", "16"), ("n_layer", 2.0), ("dropout", "0.1"), ("scale", "0.125")])
+def test_a_paper_checkpoint_with_a_string_for_a_number_is_refused(tmp_path, capsys, key, value):
+    from test_interop import paper_checkpoint
+
+    ckpt = paper_checkpoint("residual_gelu")
+    ckpt["model_args"][key] = value
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    needle = {"scale": "attn_scale"}.get(key, key)
+    one_line_error(capsys, ["import-checkpoint", tmp_path / "ckpt.pt", "--out", tmp_path / "run"], needle)
+    assert not (tmp_path / "run").exists()

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import tiny_model_config, tiny_run_config
+from helpers import tiny_model_config, tiny_run_config
 from nlq.errors import UserError
 from nlq.model import Transformer
 from nlq.runs.metrics import read_metrics

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_model_config, tiny_run_config
+from helpers import tiny_model_config, tiny_run_config
 from nlq.data.batches import IGNORE, BatchPlan, mask_tokens
 from nlq.errors import UserError
 from nlq.runs.metrics import read_metrics

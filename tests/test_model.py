@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import tiny_model_config
+from helpers import tiny_model_config
 from nlq.model import Transformer
 from nlq.presets import get_preset, with_model
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import fake_training
 from nlq.errors import UserError
 from nlq.studies.plan import SHIPPED, load_plan, read_plan, shipped_plans
 from nlq.studies.registry import get_study
@@ -47,6 +48,20 @@ def test_plans_verdict_builds_exactly_the_runs_of_the_committed_verdict():
                     continue
                 assert ours[section][key] == value, (name, section, key)
         assert ours["train"]["loss_impl"] == "plain" and set(ours) == set(saved)
+
+
+def test_plans_verdict_lr_builds_exactly_the_runs_of_the_committed_verdict_lr():
+    """Every committed run of results/verdict-lr (the selection grid so far) is a run of plans/verdict-lr.toml with
+    the same resolved config, the one it was trained with."""
+    results = ROOT / "results" / "verdict-lr"
+    study_json = json.loads((results / "study.json").read_text())
+    committed = {p.parent.name: json.loads(p.read_text()) for p in (results / "runs").glob("*/config.json")}
+    branch = next(c["train"]["resume_from"] for c in committed.values() if c["train"]["resume_from"])
+    where = Path(branch).parents[3]
+    planned = {r.name: r.config([], Path(study_json["data_dir"])).to_dict()
+               for r in next(get_study(str(ROOT / "plans" / "verdict-lr.toml")).run_stages(where))}
+    assert committed and set(committed) <= set(planned)
+    assert all(planned[name] == saved for name, saved in committed.items())
 
 
 def test_plans_verdict_lr_builds_the_amended_design():
@@ -116,15 +131,9 @@ def test_a_users_tiny_plan_runs_end_to_end_and_its_report_shows_the_decision(byt
 
 
 def test_a_changed_plan_is_refused_against_its_study_directory_naming_the_field(byte_data, tmp_path, monkeypatch):
-    from nlq.studies import study as study_module
     from nlq.studies.study import run_study
 
-    def fake_train(config, run_dir):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").write_text(json.dumps({"final_step": config.train.max_steps, "val_loss": 3.0,
-                                                          "full_val_loss": 3.0, "tokens_per_s": 1.0}))
-
-    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0})
     path = plan_text(tmp_path)
     run_study(get_study(str(path)), tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
     run_study(get_study(str(path)), tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)  # unchanged: fine

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_model_config
+from helpers import tiny_model_config
 from nlq.model import Attention, Transformer
 from nlq.projections import PROJECTIONS, build_projection
 

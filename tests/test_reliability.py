@@ -2,6 +2,7 @@
 status 2 (never a traceback), and faults (flipped bytes, a second writer, a full disk, kill -9) lose nothing
 and leave nothing half-written behind. docs/RELIABILITY.md lists these guarantees."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,24 +15,8 @@ import zipfile
 import pytest
 import torch
 
-from conftest import SMALL, train_small
+from helpers import SMALL, one_line_error
 from nlq.cli import main
-
-
-@pytest.fixture(scope="module")
-def run_dir(byte_data, tmp_path_factory):
-    """A finished 4-step run with checkpoints at steps 2 and 4."""
-    return train_small(byte_data, tmp_path_factory.mktemp("reliability") / "run")
-
-
-def one_line_error(capsys, argv, needle):
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in argv])
-    err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert needle in err, err
-    return err
 
 
 def copy_run(run_dir, tmp_path):
@@ -40,7 +25,7 @@ def copy_run(run_dir, tmp_path):
     return target
 
 
-# ---- bad inputs: (what, argv builder, expected words) --------------------------------------------------------
+# ---- bad inputs: (what, argv builder, expected words) ----------------------------------------------------------------
 
 BAD_INPUTS = [
     ("negative seed", lambda d, r, t: ["train", "--data", d, "--out", t / "x", "--preset", "nano", "--train.seed=-1"],
@@ -280,7 +265,7 @@ def test_bad_input_is_a_one_line_error(what, argv, needle, byte_data, run_dir, t
     assert not (tmp_path / "x").exists()  # a refused start writes nothing, so the corrected retry is not refused
 
 
-# ---- checkpoints: integrity -----------------------------------------------------------------------------------
+# ---- checkpoints: integrity ------------------------------------------------------------------------------------------
 
 def flip_a_tensor_byte(path):
     """Flip one byte inside the largest tensor's data record of a torch zip checkpoint."""
@@ -323,7 +308,7 @@ def test_resume_from_weights_that_do_not_fit_the_stored_config(run_dir, tmp_path
     one_line_error(capsys, ["train", "--out", run, "--resume", "--train.max_steps=6"], "do not fit the model")
 
 
-# ---- ownership --------------------------------------------------------------------------------------------------
+# ---- ownership -------------------------------------------------------------------------------------------------------
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_run(run_dir, tmp_path, capsys):
     from nlq.lock import DirectoryLock
@@ -347,7 +332,7 @@ def test_a_second_prepare_of_the_same_dataset_is_refused(byte_data, tmp_path, ca
                        "in use by another nlq process")
 
 
-# ---- a full disk ------------------------------------------------------------------------------------------------
+# ---- a full disk -----------------------------------------------------------------------------------------------------
 
 def test_a_full_disk_while_checkpointing_is_a_one_line_error_and_loses_nothing(run_dir, tmp_path, capsys, monkeypatch):
     """torch's zip writer raises RuntimeError on ENOSPC; the half-written temporary file goes, and the
@@ -376,7 +361,7 @@ def test_an_unwritable_output_is_a_one_line_error(byte_data, tmp_path, capsys, m
                    "No space left on device")
 
 
-# ---- kill -9 ------------------------------------------------------------------------------------------------------
+# ---- kill -9 ---------------------------------------------------------------------------------------------------------
 
 KILL_DURING_SAVE = """
 import os, signal, sys, torch
@@ -439,7 +424,7 @@ def test_kill_9_during_prepare_leaves_nothing_and_the_next_prepare_cleans_up(tmp
 def test_sampling_draws_only_ids_the_tokenizer_has():
     """A model whose vocabulary is padded (320) past its byte tokenizer's (257) must not draw the padding ids,
     which the tokenizer would drop silently."""
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
     from nlq.generate import generate
     from nlq.model import Transformer
 
@@ -462,3 +447,85 @@ def test_a_flipped_byte_in_a_data_shard_is_caught_on_load(byte_data, tmp_path, c
     (target / "train.bin").write_bytes(bytes(raw))
     one_line_error(capsys, ["train", "--data", target, "--out", tmp_path / "x", "--preset", "nano", *SMALL],
                    "train.bin is corrupt: its checksum does not match meta.json")
+
+
+# ---- No output deletes what it did not write; a symlink does not defeat the lock; model files are checked ------------
+
+def snapshot(folder):
+    """Every file under folder with the hash of its contents."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_no_output_lands_at_inside_or_around_a_run_or_a_dataset(run_dir, byte_data, tmp_path, capsys):
+    run = tmp_path / "runs" / "run"
+    shutil.copytree(run_dir, run)
+    data = tmp_path / "data"
+    shutil.copytree(byte_data, data)
+    before = {"run": snapshot(run), "data": snapshot(data)}
+    step = next((run / "checkpoints").glob("step_*.pt"))
+    cases = [
+        (["export", run, "--to", "hf", run, "--overwrite"], "is, contains or lies inside"),
+        (["export", step, "--to", "hf", run / "checkpoints", "--overwrite"], "is, contains or lies inside"),
+        (["export", run, "--to", "hf", run.parent, "--overwrite"], "is, contains or lies inside"),
+        (["export", run, "--to", "hf", data, "--overwrite"], "not an nlq export"),
+        (["prepare", "--source", "shakespeare", "--tokenizer", "byte", "--out", run, "--overwrite"],
+         "not an nlq data directory"),
+        (["prepare", "--source", "shakespeare", "--tokenizer", "byte", "--out", run.parent, "--overwrite"],
+         "not an nlq data directory"),
+        (["train", "--data", data, "--out", data, "--preset", "nano", *SMALL, "--train.max_steps=2"],
+         "holds files but no run"),
+        (["train", "--data", data, "--out", run.parent, "--preset", "nano", *SMALL, "--train.max_steps=2"],
+         "holds files but no run"),
+    ]
+    for argv, needle in cases:
+        one_line_error(capsys, argv, needle)
+        assert {"run": snapshot(run), "data": snapshot(data)} == before, argv
+    export = tmp_path / "export"  # an earlier export is replaced with --overwrite, and only with it
+    main(["export", str(run), "--to", "hf", str(export)])
+    capsys.readouterr()
+    one_line_error(capsys, ["export", run, "--to", "hf", export], "pass --overwrite")
+    main(["export", str(run), "--to", "hf", str(export), "--overwrite"])
+    assert (export / "nlq_export.json").is_file() and (export / "config.json").is_file()
+
+
+def test_training_a_run_through_a_symlink_takes_the_same_lock(run_dir, tmp_path, capsys):
+    from nlq.lock import directory_lock
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    link = tmp_path / "link"
+    link.symlink_to(run, target_is_directory=True)
+    with directory_lock(run, "the test"):  # as a running nlq train holds it
+        one_line_error(capsys, ["train", "--out", link, "--resume", "--train.max_steps=6"],
+                       "in use by another nlq process")
+
+
+def test_a_flipped_byte_in_model_safetensors_is_caught(run_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    path = run / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    header = int.from_bytes(raw[:8], "little")
+    raw[8 + header + (len(raw) - 8 - header) // 2] ^= 0x40  # an exponent bit in the middle of the weights
+    path.write_bytes(bytes(raw))
+    one_line_error(capsys, ["eval", path], "is corrupt")
+    one_line_error(capsys, ["export", path, "--to", "hf", tmp_path / "hf"], "is corrupt")
+    one_line_error(capsys, ["sample", path, "--prompt", "a"], "is corrupt")
+
+
+def test_a_malicious_checkpoint_in_a_run_is_not_loaded_and_not_called_corrupt(run_dir, tmp_path, capsys):
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    for old in (run / "checkpoints").glob("step_*.pt"):
+        old.unlink()
+    torch.save({"model": Payload(), "step": 4, "config": {}}, run / "checkpoints" / "step_0000004.pt",
+               pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    one_line_error(capsys, ["eval", run / "checkpoints"], "was not loaded")
+    assert not (tmp_path / "pwned").exists()

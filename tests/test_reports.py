@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from nlq.errors import UserError
+from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.registry import build_report
-from nlq.studies.verdict import SETTINGS
+
+SETTINGS = load_plan(SHIPPED / "verdict.toml").design  # the shipped one-lr plan
 
 
 def write_study(root, study, runs):
@@ -155,34 +157,6 @@ def test_publish_verdict_writes_only_the_marked_blocks_and_no_number_before_ever
         assert outside == re.sub(r"<!-- (verdict-\w+) -->.*?<!-- /\1 -->", "", original, flags=re.DOTALL)
 
 
-@pytest.mark.slow
-def test_holm_from_printed_tables_recovers_the_p_values_of_the_intervals(tmp_path):
-    """scripts/holm_from_tables.py: p values recomputed from a table's printed mean and interval match the ones
-    computed from the data (to the 4-decimal rounding), the adjustment is Holm's, and a table in a later
-    section is not read."""
-    from nlq.studies.stats import holm, paired_difference
-
-    rows = {"a": [0.01, 0.03, 0.02], "b": [0.10, 0.20, 0.15], "c": [-0.2, 0.1, 0.05]}
-    tests = {name: paired_difference(d, [0.0] * 3) for name, d in rows.items()}
-    table = "\n".join(f"| {name} | 3 | {t['mean']:+.4f} | [{t['low']:+.4f}, {t['high']:+.4f}] | worse |"
-                      for name, t in tests.items())
-    doc = tmp_path / "doc.md"
-    doc.write_text(f"## study x\n\n| variant | pairs | mean | interval | verdict |\n|---|---|---|---|---|\n{table}\n\n"
-                   "## other\n| z | 3 | +1.0000 | [+0.5000, +1.5000] | worse |\n")
-    script = Path(__file__).resolve().parent.parent / "scripts" / "holm_from_tables.py"
-    out = subprocess.run([sys.executable, str(script), str(doc), "study x"], check=True, capture_output=True,
-                         text=True).stdout
-    printed = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("| ") and
-               line.split("|")[1].strip() in rows}
-    assert set(printed) == set(rows) and "| z |" not in out
-    adjusted = dict(zip(rows, holm([t["p"] for t in tests.values()])))
-    for name, t in tests.items():
-        assert float(printed[name][5]) == pytest.approx(t["p"], rel=0.02)
-        assert float(printed[name][6]) == pytest.approx(adjusted[name], rel=0.02)
-    missing = subprocess.run([sys.executable, str(script), str(doc), "nowhere"], capture_output=True, text=True)
-    assert missing.returncode == 1 and missing.stderr.startswith("error: no line of") and not missing.stdout
-
-
 def test_verdict_secondary_family_counts_unfinished_comparisons_as_p_1(tmp_path):
     """Before the identity arm is in, nonlinear at 100 tokens/param is adjusted as one of the 3 declared
     comparisons (the two identity ones at p = 1), not as a family of one."""
@@ -196,43 +170,6 @@ def test_verdict_secondary_family_counts_unfinished_comparisons_as_p_1(tmp_path)
     assert row.split("|")[6].strip() == f"{p:.3g}" and row.split("|")[7].strip() == f"{min(1.0, 3 * p):.3g}"
     assert "the 2 whose pairs are not all in yet count with p = 1" in markdown
     assert "| identity |" not in markdown
-
-
-def test_verdict_explore_agrees_with_the_verdict_report_on_the_committed_runs():
-    """scripts/verdict_explore.py on results/: its end-of-cooldown rows are the pre-registered endpoint of
-    verdict.json, the per-seed growth is Δ300 - Δ100 of the same runs, and its Welch interval is Welch's."""
-    import math
-    import statistics
-
-    from scipy import stats
-
-    root = Path(__file__).resolve().parent.parent
-    results = root / "results"
-    if not (results / "verdict" / "verdict.json").is_file():
-        pytest.skip("results/verdict is not committed")
-    decision = json.loads((results / "verdict" / "verdict.json").read_text()).get("decision")
-    if decision is None:
-        pytest.skip("the verdict study has not finished")
-    out = subprocess.run([sys.executable, str(root / "scripts" / "verdict_explore.py"), "--results", str(results)],
-                         check=True, capture_output=True, text=True).stdout
-    i = decision["interval"]
-    end = next(line for line in out.splitlines() if "end of the 300 tokens/param cooldown" in line)
-    assert end.split("|")[5].strip() == f"{i['mean']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
-    assert "| 0 | stable (128 windows) | 14 |" in out  # paired: the same initial loss
-
-    a, b = [1.0, 1.2, 1.1], [1.5, 1.4, 1.6, 1.45]
-    sys.path.insert(0, str(root / "scripts"))
-    try:
-        from verdict_explore import welch
-    finally:
-        sys.path.remove(str(root / "scripts"))
-    va, vb = statistics.variance(a) / 3, statistics.variance(b) / 4
-    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
-    half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
-    w = welch(a, b)
-    diff = statistics.fmean(a) - statistics.fmean(b)
-    assert w["mean"] == pytest.approx(diff) and w["low"] == pytest.approx(diff - half)
-    assert w["high"] == pytest.approx(diff + half)
 
 
 def test_report_collect_copies_the_finished_runs_without_checkpoints_and_reports_there(tmp_path, capsys):

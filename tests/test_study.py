@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from conftest import tiny_run_config
+from helpers import TASK, fake_training, one_line_error, task_study, tiny_run_config, two_variant_study
 from nlq.studies.registry import build_report, get_study
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change, relative_delta
-from nlq.studies.study import DataSpec, Study, Variant, run_study
+from nlq.studies.study import Variant, run_study
 
 TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
         "--model.n_head=2", "--train.max_steps=3", "--train.eval_every=3", "--train.batch_size=4",
@@ -16,10 +16,7 @@ TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", 
 
 
 def tiny_study(byte_data, seeds=(1, 2)):
-    return Study("tiny", "two variants", tiny_run_config(byte_data, max_steps=4, eval_every=2, checkpoint_every=2),
-                 [Variant("linear", {"model": {"query": "linear"}}),
-                  Variant("nonlinear", {"model": {"query": "nonlinear"}})],
-                 seeds=list(seeds), data=DataSpec("unused", "byte"))
+    return two_variant_study(tiny_run_config(byte_data, max_steps=4, eval_every=2, checkpoint_every=2), seeds=seeds)
 
 
 @pytest.mark.slow
@@ -109,7 +106,7 @@ def test_unknown_study_is_a_clear_error():
         get_study("big")
 
 
-# ---- statistics against hand-computed values ---------------------------------------------------------
+# ---- statistics against hand-computed values -------------------------------------------------------------------------
 
 def test_paired_difference_matches_hand_computation():
     p = paired_difference([1.0, 1.1, 0.9], [1.2, 1.2, 1.2])
@@ -230,22 +227,14 @@ def test_tpp_trend_is_the_mean_of_per_seed_slopes_against_log2_tokens():
 
 def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_path, monkeypatch):
     from nlq.studies import scaling
-    from nlq.studies import study as study_module
 
     widths = {"d16": {"shape": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "budgets": [4, 8], "lrs": [1e-3],
                       "sweep_tpp": 4}}
-    trained = []
-
-    def fake_train(config, run_dir):
-        trained.append(config)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").write_text(json.dumps({"final_step": config.train.max_steps, "val_loss": 1.0,
-                                                          "tokens_per_s": 1.0}))
-
-    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    calls = fake_training(monkeypatch)
     study = scaling.scaling_shared_lr(widths=widths)
     run_study(study, tmp_path, ["--model.vocab_size=257", "--model.block_size=32", "--train.batch_size=4"],
               data_dir=str(byte_data), log=lambda *_: None)
+    trained = [config for _, _, config in calls]
     assert {c.model.query for c in trained} == {"linear", "nonlinear"} and {c.model.mlp_ratio for c in trained} == {4.0}
     assert {c.train.lr for c in trained} == {scaling.SHARED_LR}
     budgets = [r for r in json.loads((tmp_path / "study.json").read_text())["runs"] if r["stage"] == "budget"]
@@ -272,24 +261,12 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     the second stage built only after both shards finished the first."""
     import threading
 
-    from nlq.studies import study as study_module
-    from nlq.studies.probes import base
     from nlq.studies.study import Run, parse_shard
 
-    trained, lock = [], threading.Lock()
-
-    def fake_train(config, run_dir):
-        with lock:
-            trained.append((threading.current_thread().name, run_dir.name))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").write_text(json.dumps(
-            {"final_step": config.train.max_steps, "val_loss": 1.0, "tokens_per_s": 1.0}))
-
-    monkeypatch.setattr(study_module, "_train_run", fake_train)
-    monkeypatch.setattr(study_module, "WAIT_POLL_S", 0.01)
+    trained = fake_training(monkeypatch)
     variant = Variant("linear", {"model": {"query": "linear"}})
-    task = {"data": {"task": "mqar", "task_vocab": 8, "task_pairs": 2}, "train": {"max_steps": 2}}
-    study = Study("sharded", "", base(), [variant], seeds=[1], data=DataSpec("task", "none"))
+    task = TASK
+    study = task_study("sharded", [variant])
     first = [Run(study, variant, seed, None, task, tag="first") for seed in range(1, 6)]
 
     def stages(study_dir):
@@ -307,9 +284,9 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     finally:
         threading.current_thread().name = main_name
     shard_two.join(timeout=30)
-    names = [name for _, name in trained]
+    names = [name for _, name, _ in trained]
     assert sorted(names) == sorted([r.name for r in first] + [f"g{g}-{p}-linear-s1" for g in range(3) for p in "ab"])
-    by = {name: shard for shard, name in trained}
+    by = {name: shard for shard, name, _ in trained}
     assert {by[f"g{g}-a-linear-s1"] == by[f"g{g}-b-linear-s1"] for g in range(3)} == {True}
     assert all(names.index(f"g{g}-a-linear-s1") < names.index(f"g{g}-b-linear-s1") for g in range(3))
     assert set(by.values()) == {"1", "2"}
@@ -370,3 +347,24 @@ def test_an_override_of_a_field_the_study_leaves_alone_is_allowed(byte_data, tmp
     main(["study", "verdict", "--out", str(tmp_path / "s"), "--data", str(byte_data), "--train.device=cpu",
           "--dry-run"])
     assert "device cpu" in capsys.readouterr().out
+
+
+# ---- Shards that cannot work are refused or give up with a message ---------------------------------------------------
+
+def test_more_shards_than_work_is_refused(byte_data, tmp_path, capsys):
+    one_line_error(capsys, ["study", "cpu", "--out", tmp_path / "s", "--data", byte_data, "--shard", "1/1000"],
+            "at most 18 shards")
+    one_line_error(capsys, ["study", "cpu", "--out", tmp_path / "s", "--data", byte_data, "--shard", ""], "is not K/N")
+
+
+def test_a_shard_whose_partners_never_start_gives_up_with_a_message(tmp_path, monkeypatch):
+    from nlq.errors import UserError
+    from nlq.studies import study as study_module
+    from nlq.studies.study import LINEAR, Run
+
+    fake_training(monkeypatch)
+    monkeypatch.setattr(study_module, "WAIT_UNSTARTED_S", 0.05)
+    study = task_study("lonely", [LINEAR])
+    study.stages = lambda study_dir: iter([[Run(study, LINEAR, s, None, TASK, tag="r") for s in range(1, 5)]])
+    with pytest.raises(UserError, match=r"shard\(s\) 2/2 have not started"):
+        run_study(study, tmp_path, log=lambda *_: None, shard=(1, 2))

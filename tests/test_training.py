@@ -7,7 +7,8 @@ import textwrap
 import pytest
 import torch
 
-from conftest import tiny_model_config, tiny_run_config
+from helpers import one_line_error, tiny_model_config, tiny_run_config
+from nlq.cli import main
 from nlq.config import TrainConfig
 from nlq.errors import TrainingError, UserError
 from nlq.model import Transformer
@@ -155,7 +156,7 @@ def test_vocab_mismatch_fails_before_compute(byte_data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-# ---- the command line ------------------------------------------------------------------------------
+# ---- the command line ------------------------------------------------------------------------------------------------
 
 def nlq(*args, cwd=None):
     result = subprocess.run([sys.executable, "-m", "nlq", *map(str, args)], capture_output=True, text=True, cwd=cwd)
@@ -291,3 +292,21 @@ def test_run_records_code_times_and_first_batch_equal_within_a_pair(byte_data, t
     train(branch, tmp_path / "branch", quiet=True)
     first = json.loads((tmp_path / "branch" / "summary.json").read_text())["record"]["first_batch"]
     assert first["step"] == 4 and first["sha256"] != record["first_batch"]["sha256"]
+
+
+# ---- Messages that name the real reason ------------------------------------------------------------------------------
+
+def test_eval_of_a_task_run_says_it_has_no_val_split(tmp_path, capsys):
+    main(["train", "--out", str(tmp_path / "task"), "--preset", "nano", "--data.task=mqar", "--data.task_vocab=8",
+          "--data.task_pairs=2", "--model.vocab_size=64", "--model.block_size=16", "--train.max_steps=2",
+          "--train.eval_every=2", "--data.eval_windows=4"])
+    one_line_error(capsys, ["eval", tmp_path / "task"], "synthetic task (mqar)")
+
+
+def test_init_from_a_decoder_into_an_encoder_does_not_ask_for_what_is_set(run_dir, byte_data, tmp_path, capsys):
+    argv = ["train", "--data", byte_data, "--out", tmp_path / "enc", f"--train.init_from={run_dir}",
+            "--model.causal=false", "--train.objective=mlm", "--train.max_steps=2"]
+    with pytest.raises(SystemExit):
+        main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert "set --model.causal=false" not in err and "vocab" in err, err  # the real reason: the mask token needs an id

@@ -6,27 +6,19 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from conftest import tiny_run_config
+from helpers import fake_training, tiny_run_config
 from nlq.studies import stats
 
 
 def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_identity(byte_data, tmp_path, monkeypatch):
-    from nlq.studies import study as study_module
     from nlq.studies.registry import get_study
     from nlq.studies.study import run_study
 
-    trained = []
-
-    def fake_train(config, run_dir):
-        trained.append((run_dir.name, config))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").write_text(json.dumps({"final_step": config.train.max_steps, "val_loss": 1.0,
-                                                          "tokens_per_s": 1.0}))
-
-    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    calls = fake_training(monkeypatch)
     study = get_study("verdict")
     settings = study.settings
     run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
+    trained = [(name, config) for _, name, config in calls]
     described = json.loads((tmp_path / "study.json").read_text())
     assert described["settings"] == json.loads(json.dumps(settings))  # the design is on disk for the report
     assert described["code"]  # the commit of the code that ran it (this checkout is a git repository)

@@ -7,9 +7,12 @@ import math
 import pytest
 import torch
 
-from nlq.studies.verdict_lr import SETTINGS, grid_step
-from nlq.studies.verdict_lr_report import paper_protocol_lr
+from helpers import fake_training
+from nlq.studies.engine import grid_step
+from nlq.studies.plan import SHIPPED, load_plan
+from nlq.studies.plan_report import paper_protocol_lr
 
+SETTINGS = load_plan(SHIPPED / "verdict-lr.toml").design  # as registered and amended
 GRID = SETTINGS["lrs"]
 
 
@@ -67,27 +70,23 @@ def landscape_loss(arm: str, lr: float, seed: int) -> float:
 @pytest.fixture
 def finished_study(byte_data, tmp_path, monkeypatch):
     from nlq.errors import Diverged
-    from nlq.studies import study as study_module
     from nlq.studies.registry import get_study
     from nlq.studies.study import run_study
 
-    trained = []
-
-    def fake_train(config, run_dir):
-        arm = config.model.query + ("-qknorm" if config.model.qk_norm else "")
-        lr, seed = config.train.lr, config.train.seed
-        if arm == "nonlinear" and math.isclose(lr, 3.2e-2) and run_dir.name.endswith("-stable"):
+    def summary(config, run_dir):
+        arm = arm_of(config)
+        if arm == "nonlinear" and math.isclose(config.train.lr, 3.2e-2) and run_dir.name.endswith("-stable"):
             raise Diverged("loss is nan at step 7; stopped")
-        trained.append((run_dir.name, arm, lr, seed))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        loss = landscape_loss(arm, lr, seed)
-        (run_dir / "summary.json").write_text(json.dumps({
-            "final_step": config.train.max_steps, "val_loss": loss + 0.01, "full_val_loss": loss, "tokens_per_s": 1.0,
-            "non_embedding_parameters": 1000, "tokens": 1}))
+        loss = landscape_loss(arm, config.train.lr, config.train.seed)
+        return {"val_loss": loss + 0.01, "full_val_loss": loss, "non_embedding_parameters": 1000, "tokens": 1}
 
-    monkeypatch.setattr(study_module, "_train_run", fake_train)
+    calls = fake_training(monkeypatch, summary)
     run_study(get_study("verdict-lr"), tmp_path, data_dir=str(byte_data), log=lambda *_: None)
-    return tmp_path, trained
+    return tmp_path, [(name, arm_of(c), c.train.lr, c.train.seed) for _, name, c in calls]
+
+
+def arm_of(config) -> str:
+    return config.model.query + ("-qknorm" if config.model.qk_norm else "")
 
 
 def test_verdict_lr_selects_with_the_edge_rule_then_tests_the_primary_arms_first(finished_study, byte_data,
@@ -154,8 +153,8 @@ def test_the_four_arms_of_a_test_seed_share_batches_and_every_initial_weight_the
     which depend on the seed, data and batch fields only); built with their seed, they share every weight they
     have in common, and the QK-norm gains are the only extra parameters."""
     from nlq.model import Transformer
+    from nlq.studies.engine import chains
     from nlq.studies.registry import get_study
-    from nlq.studies.verdict_lr import chains
 
     study = get_study("verdict-lr")
     lrs = {"linear": [1e-3], "nonlinear": [8e-3], "linear-qknorm": [2e-3], "nonlinear-qknorm": [1.6e-2]}

@@ -6,8 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nlq.errors import UserError
-from nlq.studies import comparison, probes, scaling, verdict, verdict_lr, verdict_lr_report
-from nlq.studies.plan import Plan, is_plan_path, load_plan, shipped_plans
+from nlq.studies import comparison, probes, scaling
+from nlq.studies.engine import plan_study
+from nlq.studies.plan import is_plan_path, load_plan, shipped_plans
+from nlq.studies.plan_report import build_plan_report
 from nlq.studies.study import Study
 from nlq.studies.tables import load_results
 
@@ -22,26 +24,21 @@ STUDIES: dict[str, Callable[[], Study]] = {
     "probes": probes.probes,
 }
 # the shipped plans (nlq/plans/*.toml, `plans/` in a checkout) are studies by their names too: `nlq study verdict`
-STUDIES |= {name: (lambda path=path: study_from_plan(load_plan(path))) for name, path in shipped_plans().items()}
+STUDIES |= {name: (lambda path=path: plan_study(load_plan(path))) for name, path in shipped_plans().items()}
 
 REPORTS: dict[str, Callable[[Path, dict], str]] = {
     "comparison": comparison.build_comparison_report,
     "scaling": scaling.build_scaling_report,
     "probes": probes.build_probes_report,
-    "verdict": verdict.build_verdict_report,
-    "verdict-lr": verdict_lr_report.build_verdict_lr_report,
+    "verdict": build_plan_report,  # a plan with one lr (the name its studies carry in study.json)
+    "verdict-lr": build_plan_report,  # a plan with an lr grid
 }
-
-
-def study_from_plan(plan: Plan) -> Study:
-    """The runs of a plan: one lr for every arm (the verdict's engine) or an lr grid with selection (verdict-lr's)."""
-    return verdict_lr.lr_grid_study(plan) if plan.kind == "lr-grid" else verdict.fixed_lr_study(plan)
 
 
 def get_study(name: str) -> Study:
     """A named study, a shipped plan by its name, or a plan file (a path ending in .toml)."""
     if is_plan_path(name):
-        return study_from_plan(load_plan(name))
+        return plan_study(load_plan(name))
     if name not in STUDIES:
         raise UserError(f"unknown study {name!r}; valid studies: {', '.join(STUDIES)}, or a plan file (.toml)")
     return STUDIES[name]()

@@ -1,12 +1,12 @@
-"""`nlq study verdict-lr`: the verdict's question with each arm at a peak lr of its own, chosen by one rule.
+"""The engine of pre-registered plans (plans/*.toml, `nlq study PLAN`): the runs a plan asks for, stage by stage.
 
-Amended on 2026-12-01 before its first run (docs/RESULTS.md, "Pre-registration: `nlq study verdict-lr`" and its
-amendment): four arms (linear, nonlinear, and both with QK-norm), one lr grid for all (1e-3 ... 1.6e-2, min lr =
-peak / 10) on three selection seeds that are never tested, an edge rule that extends the grid by a factor of 2
-while an arm's best lr sits at its edge, then 16 fresh test pairs at the selected lrs: the primary arms first (the
-pre-registered test: nonlinear against linear, QK-norm off), then the QK-norm arms (the declared secondaries).
-Every test seed runs all four arms on identical batches, from shared initial weights where shapes agree. The
-report is in verdict_lr_report.py.
+Every arm trains one WSD chain per seed (a stable run and a cooldown branch per budget in tokens per parameter,
+every branch scored on the whole validation split); within a seed the arms' order alternates, so that shards dealing
+chains round-robin each get every arm and a pair ends at about the same time. A plan with one lr (`design.lr`,
+`design.min_lr`) trains its primary arms, then its secondary ones. A plan with an lr grid (`design.lrs`,
+`design.min_lr_ratio`) first trains every arm at every grid lr on selection seeds that are never tested, extends
+the grid by the edge rule stage by stage while an arm's best lr sits at an edge, and then trains each arm at its
+selected lr on the test seeds, the primary arms first. The report of both is plan_report.py.
 """
 
 from __future__ import annotations
@@ -17,26 +17,29 @@ from pathlib import Path
 from nlq.errors import UserError
 from nlq.fileio import read_json
 from nlq.runs.rundir import DIVERGED
-from nlq.studies.plan import SHIPPED, load_plan
+from nlq.studies.plan import Plan
 from nlq.studies.study import Run, Study
-from nlq.studies.wsd import chain_tokens, wsd_chain
+from nlq.studies.wsd import wsd_chain
 
-SETTINGS = load_plan(SHIPPED / "verdict-lr.toml").design  # the design as registered and amended: plans/verdict-lr.toml
+
+def has_grid(settings: dict) -> bool:
+    return "lrs" in settings
 
 
 def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]]) -> list[Run]:
-    """One WSD chain per (seed, arm, lr), named with its lr; within a seed the arms' order alternates so that
-    shards dealing chains round-robin each get every arm."""
+    """One WSD chain per (seed, arm, lr). A grid plan names its runs with their lr and sets min lr = lr x
+    min_lr_ratio; a one-lr plan keeps the lr out of the names and takes its min lr as registered."""
     s = study.settings
     runs = []
     for i, seed in enumerate(seeds):
         arms = [v for v in study.variants if lrs.get(v.name)]
         arms = arms if i % 2 == 0 else arms[::-1]
         for lr in sorted({lr for v in arms for lr in lrs[v.name]}):
+            min_lr = lr * s["min_lr_ratio"] if has_grid(s) else s["min_lr"]
             for variant in (v for v in arms if lr in lrs[v.name]):
                 levels = wsd_chain(study, variant, seed, study_dir, width=s["width"], shape=s["shape"],
-                                   budgets_tpp=s["budgets_tpp"], lr=lr, min_lr=lr * s["min_lr_ratio"],
-                                   branch={"data": {"final_eval": "full"}}, lr_in_name=True)
+                                   budgets_tpp=s["budgets_tpp"], lr=lr, min_lr=min_lr,
+                                   branch={"data": {"final_eval": "full"}}, lr_in_name=has_grid(s))
                 runs += [run for level in levels for run in level]
     return runs
 
@@ -104,39 +107,48 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
     return out
 
 
-def lr_grid_study(plan) -> Study:
-    """The study of a plan with an lr grid: every arm at every grid lr on the selection seeds, the edge rule's
-    extensions stage by stage, then every arm at its selected lr on the test seeds, the primary arms first."""
+def selected_lrs(study: Study, study_dir: Path):
+    """The grid plan's selection, as stages of runs; returns (by StopIteration's value) each arm's selected lr."""
+    s, arms = study.settings, [v.name for v in study.variants]
+
+    def means() -> dict[str, dict]:
+        ended = endpoints(study_dir, read_json(study_dir / "study.json", "the study's description"),
+                          s["selection_seeds"])
+        return {arm: lr_means(ended, arm, s["selection_seeds"]) for arm in arms}
+
+    yield chains(study, study_dir, s["selection_seeds"], {arm: s["lrs"] for arm in arms})
+    asked = set()
+    while True:  # the edge rule: one more lr per arm at an edge, stage by stage, until no arm asks for one
+        now = means()
+        more = {arm: [step] for arm in arms if (step := grid_step(now[arm], s)["next"]) is not None}
+        unended = [arm for arm in arms if any(lr not in now[arm] for lr in s["lrs"])]
+        if unended or any((arm, lr[0]) in asked for arm, lr in more.items()):
+            raise UserError(f"the selection runs of {study.name} have not all ended; run the study again to "
+                            "finish them")
+        if not more:
+            break
+        asked |= {(arm, lr[0]) for arm, lr in more.items()}
+        yield chains(study, study_dir, s["selection_seeds"], more)
+    chosen = {arm: grid_step(now[arm], s)["lr"] for arm in arms}
+    if any(chosen[arm] is None for arm in s["primary"]):
+        out = [arm for arm in s["primary"] if chosen[arm] is None]
+        raise UserError(f"every lr of {', '.join(out)} diverged in the selection; the test cannot run (the "
+                        "pre-registration says so); nlq report shows the selection")
+    return chosen
+
+
+def plan_study(plan: Plan) -> Study:
+    """The study of a plan: its arms, seeds and design; its stages as the module docstring says."""
     s = plan.design
     study = Study(plan.name, plan.description, plan.base, plan.arms, seeds=s["seeds"], data=plan.data,
-                  report="verdict-lr", settings=dict(s), plan=plan.raw)
-    arms = [v.name for v in plan.arms]
+                  report="verdict-lr" if has_grid(s) else "verdict", settings=dict(s), plan=plan.raw)
 
     def stages(study_dir: Path):
-        def means() -> dict[str, dict]:
-            ended = endpoints(study_dir, read_json(study_dir / "study.json", "the study's description"),
-                              s["selection_seeds"])
-            return {arm: lr_means(ended, arm, s["selection_seeds"]) for arm in arms}
-
-        yield chains(study, study_dir, s["selection_seeds"], {arm: s["lrs"] for arm in arms})
-        asked = set()
-        while True:  # the edge rule: one more lr per arm at an edge, stage by stage, until no arm asks for one
-            now = means()
-            more = {arm: [step] for arm in arms if (step := grid_step(now[arm], s)["next"]) is not None}
-            unended = [arm for arm in arms if any(lr not in now[arm] for lr in s["lrs"])]
-            if unended or any((arm, lr[0]) in asked for arm, lr in more.items()):
-                raise UserError(f"the selection runs of {study.name} have not all ended; run the study again to "
-                                "finish them")
-            if not more:
-                break
-            asked |= {(arm, lr[0]) for arm, lr in more.items()}
-            yield chains(study, study_dir, s["selection_seeds"], more)
-        chosen = {arm: grid_step(now[arm], s)["lr"] for arm in arms}
-        if any(chosen[arm] is None for arm in s["primary"]):
-            out = [arm for arm in s["primary"] if chosen[arm] is None]
-            raise UserError(f"every lr of {', '.join(out)} diverged in the selection; the test cannot run (the "
-                            "pre-registration says so); nlq report shows the selection")
-        for group in (s["primary"], s.get("secondary", [])):  # the primary arms' test runs first
+        if has_grid(s):
+            chosen = yield from selected_lrs(study, study_dir)
+        else:
+            chosen = {v.name: s["lr"] for v in plan.arms}
+        for group in (s["primary"], s.get("secondary") or []):  # the primary arms' test runs first
             lrs = {arm: [chosen[arm]] for arm in group if chosen[arm] is not None}  # an arm out of every lr: no test
             if lrs:
                 yield chains(study, study_dir, s["seeds"], lrs)
@@ -144,13 +156,3 @@ def lr_grid_study(plan) -> Study:
     study.stages = stages
     return study
 
-
-def planned_chains(settings: dict = SETTINGS) -> int:
-    """Chains without any edge extension: every arm at every grid lr on the selection seeds, then on the test seeds."""
-    arms = len(settings["primary"]) + len(settings["secondary"])
-    return arms * (len(settings["lrs"]) * len(settings["selection_seeds"]) + len(settings["seeds"]))
-
-
-def planned_tokens(settings: dict = SETTINGS) -> int:
-    base = load_plan(SHIPPED / "verdict-lr.toml").base
-    return planned_chains(settings) * chain_tokens(base, settings["shape"], settings["budgets_tpp"])

@@ -1,11 +1,12 @@
-"""Holm-adjust a published paired table whose runs are not in the repository, from its printed numbers.
+"""Holm-adjust a published paired table whose runs are not in the repository, from its printed numbers
+(docs/RESULTS.md, "What changed in the reports on 2026-11-30", and the `kvo` section's reading).
 
 The `cpu`, `cpu-lr`, `encoder` and `kvo` tables in docs/RESULTS.md were written before reports adjusted for
 many intervals, and their run directories are not committed. Each row prints pairs n, the mean Δ and its 95%
 t interval [low, high]; that gives the standard error (half-width / t(0.975, n - 1)), the two-sided p against 0
 and, over the rows of one table (one family), the Holm-adjusted p and verdict.
 
-    python scripts/holm_from_tables.py docs/RESULTS.md "nlq study kvo"
+    python analysis/what_changed_in_the_reports.py docs/RESULTS.md "nlq study kvo"
 
 reads the first paired table after the first line containing the given text (rows: | variant | pairs | mean Δ |
 [low, high] | ... |) and prints it with p, Holm p and the verdict at 0.05. Numbers carry the table's 4-decimal

@@ -10,7 +10,7 @@ the questions the outcome raises, with intervals to size them, not further tests
 4. The learning rate: the scaling study trained the nonlinear query at its swept lr 8e-3 on the same data,
    schedule shape and eval windows. Unpaired (other seeds), Welch intervals, 3 runs against 14.
 
-    python scripts/verdict_explore.py [--results results]
+    python analysis/reading_the_verdict.py [--results results]
 """
 
 import argparse

@@ -12,7 +12,7 @@ parameter (results/verdict) with its upper one-sided 80% bound; then the power o
 true difference of 0.02 nats (verdict-lr's planning difference) and of the equivalence test at the margin, for
 several sds and numbers of pairs, and the fewest pairs with at least 70% power at the planning sd 0.03.
 
-    python scripts/verdict_power.py [--study verdict-lr]
+    python analysis/pre_registration.py [--study verdict-lr]
 """
 
 import argparse
@@ -24,9 +24,8 @@ from pathlib import Path
 
 from scipy import stats
 
-from nlq.studies import verdict_lr
+from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
-from nlq.studies.verdict import SETTINGS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 SHARED_LR = RESULTS / "scaling-shared-lr" / "results.csv"
@@ -61,7 +60,7 @@ def main() -> None:
         source, pairs, sds = "paired sd of verdict at 300 tokens/param", [12, 14, 16, 18, 20], (0.02, 0.025, 0.03, 0.04)
     upper = sd * math.sqrt(df / stats.chi2.ppf(0.2, df))
     print(f"{source}: {sd:.4f} on {df} df; upper one-sided 80% bound {upper:.4f}")
-    settings = SETTINGS if args.study == "verdict" else verdict_lr.SETTINGS
+    settings = load_plan(SHIPPED / f"{args.study}.toml").design
     margin, alpha, confidence = settings["margin"], settings["alpha"], settings["confidence"]
     effect = settings.get("planning_difference", margin)
     print(f"true difference {effect} nats for the t test ({confidence:.0%} two-sided); equivalence margin {margin} "

@@ -3,7 +3,7 @@ of tokens per parameter at d 64 over the budgets both studies share (2 to 20 tok
 nonlinear query's own swept lr (results/scaling) and at the shared lr (results/scaling-shared-lr), and the
 per-seed difference of the two slopes with its 95% t interval.
 
-    python scripts/lr_control.py
+    python analysis/the_lr_control.py
 """
 
 from pathlib import Path

@@ -1,0 +1,118 @@
+"""The analyses behind docs/RESULTS.md (analysis/*.py, each named after the section it regenerates): each runs on the
+committed results and prints the numbers that section quotes."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ANALYSIS = ROOT / "analysis"
+RESULTS_MD = ROOT / "docs" / "RESULTS.md"
+
+
+def run(script: str, *args: str) -> str:
+    return subprocess.run([sys.executable, str(ANALYSIS / script), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def test_every_analysis_is_named_after_a_section_of_results_md_and_says_so():
+    headings = [line.lstrip("#").strip().lower().replace("-", " ") for line in RESULTS_MD.read_text().splitlines()
+                if line.startswith("#")]
+    scripts = sorted(ANALYSIS.glob("*.py"))
+    assert len(scripts) >= 4
+    for script in scripts:
+        words = script.stem.replace("_", " ")
+        assert any(h.startswith(words) for h in headings), f"{script.name}: no RESULTS.md section starts '{words}'"
+        assert "docs/RESULTS.md" in script.read_text().split('"""')[1], f"{script.name}: its docstring names no section"
+
+
+def test_the_lr_control_prints_the_three_numbers_results_md_quotes():
+    out = run("the_lr_control.py")
+    quoted = RESULTS_MD.read_text()
+    numbers = re.findall(r"([+-]\d\.\d{4}) \[([+-]\d\.\d{4}), ([+-]\d\.\d{4})\]", out)
+    assert len(numbers) == 3, out
+    for mean, low, high in numbers:  # the page rounds to 3 decimals
+        text = f"{float(mean):+.3f}"
+        interval = f"[{float(low):+.3f}, {float(high):+.3f}]"
+        assert text in quoted and interval in quoted, (text, interval)
+
+
+def test_pre_registration_gives_the_planning_sd_and_the_number_of_pairs_results_md_quotes():
+    quoted = RESULTS_MD.read_text()
+    verdict = run("pre_registration.py")
+    sd, df, bound = re.search(r"pooled paired sd of scaling-shared-lr: (\d\.\d+) on (\d+) df; upper one-sided 80% "
+                              r"bound (\d\.\d+)", verdict).groups()
+    assert f"is {float(sd):.3f} nats pooled on {df} degrees" in quoted and f"bound is {float(bound):.3f}" in quoted
+    amended = run("pre_registration.py", "--study", "verdict-lr")
+    assert "fewest pairs with >= 70% power to find 0.02 nats at sd 0.03: 16 (registered: 16)" in amended
+    row = next(line for line in amended.splitlines() if line.startswith("| 0.03 |"))
+    assert row.split("|")[4].strip().startswith("70%")  # 16 pairs, as the amendment says
+
+
+@pytest.mark.slow
+def test_holm_from_printed_tables_recovers_the_p_values_of_the_intervals(tmp_path):
+    """analysis/what_changed_in_the_reports.py: p values recomputed from a table's printed mean and interval match
+    the ones computed from the data (to the 4-decimal rounding), the adjustment is Holm's, and a table in a later
+    section is not read."""
+    from nlq.studies.stats import holm, paired_difference
+
+    rows = {"a": [0.01, 0.03, 0.02], "b": [0.10, 0.20, 0.15], "c": [-0.2, 0.1, 0.05]}
+    tests = {name: paired_difference(d, [0.0] * 3) for name, d in rows.items()}
+    table = "\n".join(f"| {name} | 3 | {t['mean']:+.4f} | [{t['low']:+.4f}, {t['high']:+.4f}] | worse |"
+                      for name, t in tests.items())
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"## study x\n\n| variant | pairs | mean | interval | verdict |\n|---|---|---|---|---|\n{table}\n\n"
+                   "## other\n| z | 3 | +1.0000 | [+0.5000, +1.5000] | worse |\n")
+    script = ANALYSIS / "what_changed_in_the_reports.py"
+    out = subprocess.run([sys.executable, str(script), str(doc), "study x"], check=True, capture_output=True,
+                         text=True).stdout
+    printed = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("| ") and
+               line.split("|")[1].strip() in rows}
+    assert set(printed) == set(rows) and "| z |" not in out
+    adjusted = dict(zip(rows, holm([t["p"] for t in tests.values()])))
+    for name, t in tests.items():
+        assert float(printed[name][5]) == pytest.approx(t["p"], rel=0.02)
+        assert float(printed[name][6]) == pytest.approx(adjusted[name], rel=0.02)
+    missing = subprocess.run([sys.executable, str(script), str(doc), "nowhere"], capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: no line of") and not missing.stdout
+
+
+def test_reading_the_verdict_agrees_with_the_verdict_report_on_the_committed_runs():
+    """analysis/reading_the_verdict.py on results/: its end-of-cooldown rows are the pre-registered endpoint of
+    verdict.json, the per-seed growth is Δ300 - Δ100 of the same runs, and its Welch interval is Welch's."""
+    import math
+    import statistics
+
+    from scipy import stats
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "results"
+    if not (results / "verdict" / "verdict.json").is_file():
+        pytest.skip("results/verdict is not committed")
+    decision = json.loads((results / "verdict" / "verdict.json").read_text()).get("decision")
+    if decision is None:
+        pytest.skip("the verdict study has not finished")
+    out = subprocess.run([sys.executable, str(ANALYSIS / "reading_the_verdict.py"), "--results", str(results)],
+                         check=True, capture_output=True, text=True).stdout
+    i = decision["interval"]
+    end = next(line for line in out.splitlines() if "end of the 300 tokens/param cooldown" in line)
+    assert end.split("|")[5].strip() == f"{i['mean']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
+    assert "| 0 | stable (128 windows) | 14 |" in out  # paired: the same initial loss
+
+    a, b = [1.0, 1.2, 1.1], [1.5, 1.4, 1.6, 1.45]
+    sys.path.insert(0, str(ANALYSIS))
+    try:
+        from reading_the_verdict import welch
+    finally:
+        sys.path.remove(str(ANALYSIS))
+    va, vb = statistics.variance(a) / 3, statistics.variance(b) / 4
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+    half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    w = welch(a, b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    assert w["mean"] == pytest.approx(diff) and w["low"] == pytest.approx(diff - half)
+    assert w["high"] == pytest.approx(diff + half)
