@@ -60,9 +60,9 @@ def one_line_error(capsys, argv, needle):
 
 
 def fake_training(monkeypatch, summary=None) -> list:
-    """Replace a study's training with a stub that writes each run's summary.json at once (final_step, val_loss
-    1.0, tokens_per_s; `summary(config, run_dir)` adds fields, or raises as a failing run would). Returns the list
-    of (thread name, run name, config) it was asked to train, in order."""
+    """Replace a study's training with a stub that writes each run's config.json and summary.json at once
+    (final_step, val_loss 1.0, tokens_per_s; `summary(config, run_dir)` adds fields, or raises as a failing run
+    would). Returns the list of (thread name, run name, config) it was asked to train, in order."""
     from nlq.studies import study as study_module
 
     trained, lock = [], threading.Lock()
@@ -73,6 +73,7 @@ def fake_training(monkeypatch, summary=None) -> list:
         with lock:
             trained.append((threading.current_thread().name, run_dir.name, config))
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
         (run_dir / "summary.json").write_text(json.dumps(values))
 
     monkeypatch.setattr(study_module, "_train_run", fake_train)

@@ -130,6 +130,34 @@ def test_a_users_tiny_plan_runs_end_to_end_and_its_report_shows_the_decision(byt
     assert len(summaries) == 4 and all("full_val_loss" in s for s in summaries)
 
 
+@pytest.mark.slow
+def test_a_users_tiny_lr_grid_plan_selects_then_tests_and_its_report_shows_both(byte_data, tmp_path):
+    """A plan of the other kind, written by a user: two arms on an lr grid of two, two selection seeds, no secondary
+    arms and none of verdict-lr's optional fields; the engine selects each arm's lr, tests the 2 pairs at it, and
+    the report shows the selection table and the decision."""
+    from nlq.cli import main
+
+    grid = {"lrs": [1e-3, 4e-3], "min_lr_ratio": 0.1, "edge_factor": 2.0, "max_extensions": 0,
+            "selection_seeds": [8, 9]}
+    plan = plan_text(tmp_path, **grid)
+    raw = tomllib.loads(plan.read_text())
+    del raw["design"]["lr"], raw["design"]["min_lr"]
+    plan.write_text(to_toml(raw))
+    assert load_plan(plan).kind == "lr-grid"
+    out = tmp_path / "study"
+    main(["study", str(plan), "--out", str(out), "--data", str(byte_data)])
+    report = (out / "report.md").read_text()
+    assert "| arm | peak lr | runs ended |" in report and "(selected)" in report
+    assert "Decision rule: the interval below 0: mine better" in report and "**Verdict: " in report
+    outcome = json.loads((out / "verdict.json").read_text())
+    chosen = outcome["selected_lrs"]
+    assert set(chosen) == {"linear", "mine"} and set(chosen.values()) <= {1e-3, 4e-3}
+    tested = [json.loads(p.read_text()) for p in (out / "runs").glob("*tpp2*-s[12]/config.json")]
+    assert len(tested) == 4 and {c["train"]["seed"] for c in tested} == {1, 2}
+    assert {(c["model"]["query"], c["train"]["lr"]) for c in tested} == {("linear", chosen["linear"]),
+                                                                       ("nonlinear", chosen["mine"])}
+
+
 def test_a_changed_plan_is_refused_against_its_study_directory_naming_the_field(byte_data, tmp_path, monkeypatch):
     from nlq.studies.study import run_study
 

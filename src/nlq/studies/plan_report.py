@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from nlq.fileio import atomic_write, write_json
+from nlq.fileio import atomic_write, read_json, write_json
 from nlq.studies.engine import endpoints, has_grid, lr_means, selection
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed
@@ -60,11 +60,11 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": primary_tpp, "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
-    lines += primary_section(pairs, decision, loss, s, baseline, method)
+    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir)
     lines += one_lr_secondaries(loss, s, baseline, method)
     lines += ["", "Plot: `verdict_deltas.png` (each seed's Δ, the mean with its 95% interval, the equivalence "
               "margins).", ""]
-    plot_one_lr(study_dir / "verdict_deltas.png", loss, s, baseline)
+    plot_one_lr(study_dir / "verdict_deltas.png", loss, s, baseline, study["name"])
     write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss", "full_val_loss"])
     return write_outcome(study_dir, lines, outcome)
@@ -92,7 +92,8 @@ def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: flo
             if (baseline, seed, tpp) in loss and (variant, seed, tpp) in loss]
 
 
-def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str) -> list[str]:
+def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str,
+                    study_dir: Path) -> list[str]:
     interval, tost = decision["interval"], decision["tost"]
     base_mean, base_sd = mean_std([b for _, b, _ in pairs])
     lines = [f"**Verdict: {decision['words']}.**", "",
@@ -111,11 +112,21 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
                      "nats (seeds are not added to this one).")
     windows = paired_difference([loss[(method, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs],
                                 [loss[(baseline, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs])
-    lines += ["", f"The same pairs on the 128 fixed eval windows used during training (16,384 tokens; not the "
-              f"endpoint): Δ {windows['mean']:+.4f} {interval_text(windows)}.", "",
+    first = loss[(baseline, pairs[0][0], s["primary_tpp"])]["name"]
+    lines += ["", f"The same pairs on the {fixed_windows(study_dir / 'runs' / first)}: Δ {windows['mean']:+.4f} "
+              f"{interval_text(windows)}.", "",
               f"| seed | {baseline} | {method} | Δ |", "|---|---|---|---|"]
     lines += [f"| {seed} | {b:.4f} | {v:.4f} | {v - b:+.4f} |" for seed, b, v in pairs]
     return lines
+
+
+def fixed_windows(run_dir: Path) -> str:
+    """What a run's val_loss was scored on, in words: its fixed eval windows and their tokens."""
+    config = read_json(run_dir / "config.json", "a run's config") if (run_dir / "config.json").is_file() else {}
+    n, block = (config.get("data") or {}).get("eval_windows"), (config.get("model") or {}).get("block_size")
+    if not (isinstance(n, int) and isinstance(block, int)):
+        return "fixed eval windows used during training (not the endpoint)"
+    return f"{n} fixed eval windows used during training ({n * block:,} tokens; not the endpoint)"
 
 
 def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[str]:
@@ -130,7 +141,7 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
                                                          s["confidence"])))
     lines = ["", "## Secondary comparisons (declared in advance; not part of the decision)", ""]
     if not rows:
-        return lines + ["None has all its pairs yet (the identity arm runs after the primary arms)."]
+        return lines + ["None has all its pairs yet (the secondary arms run after the primary arms)."]
     # Holm over the whole declared family: a comparison whose pairs are not all in counts with p = 1 until they
     # are, which can only make the others' adjusted p larger (never smaller) than the family's final adjustment.
     adjusted = holm([p["p"] for _, _, p in rows] + [1.0] * (len(family) - len(rows)))[:len(rows)]
@@ -146,7 +157,7 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
     return lines
 
 
-def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str) -> None:
+def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str, name: str) -> None:
     cells = [(v, tpp) for v in [s["primary"][1], *s["secondary"]] for tpp in sorted(s["budgets_tpp"], reverse=True)]
     cells = [(v, tpp, pairs_of(loss, baseline, v, s["seeds"], tpp, s["endpoint"])) for v, tpp in cells]
     cells = [(v, tpp, pairs) for v, tpp, pairs in cells if len(pairs) == len(s["seeds"])]
@@ -164,7 +175,7 @@ def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str) -> None:
     ax.set_xticks(range(len(cells)), labels=[f"{v}\n{tpp:g} tok/param\nn={len(pairs)}" for v, tpp, pairs in cells],
                   fontsize=8)
     ax.set(ylabel=f"Δ {s['endpoint']} vs {baseline} (nats; < 0 is better)",
-           title=f"verdict: per-seed Δ, mean with {s['confidence']:.0%} interval; dashed: ±{s['margin']:g} "
+           title=f"{name}: per-seed Δ, mean with {s['confidence']:.0%} interval; dashed: ±{s['margin']:g} "
                  f"(lr {s['lr']:g} for every variant)")
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, axis="y")
@@ -188,7 +199,7 @@ def grid_report(study_dir: Path, study: dict) -> str:
                "selected_lrs": {arm: chosen[arm]["lr"] for arm in chosen} or None,
                "at_edge": {arm: chosen[arm]["edge"] for arm in chosen}, "lr_curve": curve}
     if curve:
-        plot_curve(study_dir / "verdict_lr_curve.png", picked, curve, chosen, s, arms)
+        plot_curve(study_dir / "verdict_lr_curve.png", picked, curve, chosen, s, arms, study["name"])
         lines += ["", "Plot: `verdict_lr_curve.png` (each run's endpoint against its peak lr, each arm's mean with its "
                   f"{s['confidence']:.0%} interval over the selection seeds; the selected lrs circled)."]
     if any(arm not in chosen for arm in arms):
@@ -222,13 +233,13 @@ def grid_report(study_dir: Path, study: dict) -> str:
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}
     if diverged:
         lines += [f"Pairs with a diverged run, left out of the test: seeds {', '.join(map(str, diverged))}.", ""]
-    lines += primary_section(pairs, decision, loss, s, baseline, method)
-    family_lines, family = qknorm_family(loss, s, [arm for arm in arms if arm not in out])
+    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir)
+    family_lines, family = secondary_family(loss, s, [arm for arm in arms if arm not in out])
     lines += family_lines
     outcome["secondary_family"] = family
-    plot_test(study_dir / "verdict_lr_test.png", pairs, family, s, baseline, method)
+    plot_test(study_dir / "verdict_lr_test.png", pairs, family, s, baseline, method, study["name"])
     lines += ["", "Plot: `verdict_lr_test.png` (each test seed's Δ, the mean with its interval, the equivalence "
-              "margins; beside it the QK-norm comparisons once they are in)."]
+              "margins; beside it the secondary comparisons once they are in)."]
     write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss", "full_val_loss"])
     return write_outcome(study_dir, lines, outcome)
@@ -316,7 +327,7 @@ def selection_comparisons(picked: dict, chosen: dict, s: dict, baseline: str, me
                      f"{reading(p, p_holm, s)} |")
     method_lr = chosen[method]["lr"]
     finite = [row["lr"] for row in lr_means_rows(picked, baseline, seeds)]
-    if method_lr is None or not finite:
+    if method_lr is None or not finite or "paper_lr_ratio" not in s:  # the paper's protocol: declared by verdict-lr
         return lines
     base_lr = paper_protocol_lr(method_lr, finite, s["paper_lr_ratio"])
     p = pair((method, method_lr), (baseline, base_lr))
@@ -340,18 +351,22 @@ def reading(p: dict, p_holm: float, s: dict) -> str:
     return "lower loss" if p["mean"] < 0 else "higher loss"
 
 
-def qknorm_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list[dict]]:
-    """The declared secondary family on the test seeds, Holm-adjusted together once every test seed has all its
-    arms: [variant, baseline] pairs and the interaction (the query effect with QK-norm minus without)."""
+def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list[dict]]:
+    """The declared secondary family on the test seeds (design.secondary_family; without it, each secondary arm
+    against the baseline), Holm-adjusted together once every test seed has all its arms: [variant, baseline] pairs
+    and, for verdict-lr's QK-norm arms, the interaction (the query effect with QK-norm minus without)."""
+    if not s.get("secondary"):
+        return [], []
     tpp, key = s["primary_tpp"], s["endpoint"]
     complete = [seed for seed in s["seeds"] if all((arm, seed, tpp) in loss for arm in arms)]
-    lines = ["", "## QK-norm arms (declared secondaries on the test seeds; not part of the decision)", ""]
-    if len(complete) < len(s["seeds"]) or len(arms) < 4:
+    lines = ["", f"## Secondary arms: {', '.join(s['secondary'])} (declared comparisons on the test seeds; not part of "
+             "the decision)", ""]
+    if len(complete) < len(s["seeds"]) or len(arms) < len(s["primary"]) + len(s["secondary"]):
         return lines + [f"{len(complete)} of {len(s['seeds'])} test seeds have every arm's endpoint; the family is "
                         "computed once all have."], []
     value = {(arm, seed): loss[(arm, seed, tpp)][key] for arm in arms for seed in complete}
     rows = []
-    for member in s["secondary_family"]:
+    for member in s.get("secondary_family") or [[arm, s["primary"][0]] for arm in s["secondary"]]:
         if member == "interaction":
             (nq, lq), (n, ln) = ("nonlinear-qknorm", "linear-qknorm"), s["primary"][::-1]
             diffs = [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)])
@@ -379,7 +394,7 @@ def qknorm_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list
     return lines, rows
 
 
-def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arms: list[str]) -> None:
+def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arms: list[str], name: str) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for i, arm in enumerate(arms):
         nudge = 1 + 0.03 * (i - (len(arms) - 1) / 2)
@@ -394,8 +409,9 @@ def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arm
             best = next(row for row in rows if row["lr"] == chosen[arm]["lr"])
             ax.scatter([best["lr"] * nudge], [best["mean"]], s=120, facecolors="none", edgecolors=f"C{i}", lw=1.5)
     lrs = sorted({row["lr"] for rows in curve.values() for row in rows})
-    ax.set(xscale="log", xlabel="peak lr (min lr = peak / 10)", ylabel=f"{s['endpoint']} (nats)",
-           title=f"verdict-lr selection: seeds {', '.join(map(str, s['selection_seeds']))}, per-seed points, "
+    ax.set(xscale="log", xlabel=f"peak lr (min lr = peak / {1 / s['min_lr_ratio']:g})",
+           ylabel=f"{s['endpoint']} (nats)",
+           title=f"{name} selection: seeds {', '.join(map(str, s['selection_seeds']))}, per-seed points, "
                  f"means with {s['confidence']:.0%} intervals")
     ax.set_xticks(lrs, labels=[f"{lr:g}" for lr in lrs], fontsize=8)
     ax.minorticks_off()
@@ -405,7 +421,8 @@ def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arm
     save_figure(fig, path)
 
 
-def plot_test(path: Path, pairs: list[tuple], family: list[dict], s: dict, baseline: str, method: str) -> None:
+def plot_test(path: Path, pairs: list[tuple], family: list[dict], s: dict, baseline: str, method: str,
+              name: str) -> None:
     deltas = [v - b for _, b, v in pairs]
     cells = [(f"{method} - {baseline}\n(the test)", deltas)]
     fig, ax = plt.subplots(figsize=(7.5 if family else 4.0, 4.2))
@@ -423,7 +440,7 @@ def plot_test(path: Path, pairs: list[tuple], family: list[dict], s: dict, basel
         ax.axhline(sign * s["margin"], color="C3", lw=0.8, ls="--")
     ax.set_xticks(range(len(labels)), labels=labels, fontsize=7)
     ax.set(ylabel="Δ (nats; positive: the first-named arm is worse)",
-           title=f"verdict-lr test: {len(pairs)} pairs, each arm at its selected lr")
+           title=f"{name} test: {len(pairs)} pairs, each arm at its selected lr")
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, path)
