@@ -185,7 +185,7 @@ def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str, name: str) -> No
 # ---- a plan with an lr grid: the selection, then the test ------------------------------------------------------
 
 def grid_report(study_dir: Path, study: dict) -> str:
-    """report.md, verdict.json (selected lrs, the lr curve, ended pairs and, once in, the decision and the QK-norm
+    """report.md, verdict.json (selected lrs, the lr curve, ended pairs and, once in, the decision and the secondary
     family), results.csv, verdict_lr_curve.png (the selection) and verdict_lr_test.png (the test's Δs)."""
     s = study["settings"]
     arms = s["primary"] + s["secondary"]
