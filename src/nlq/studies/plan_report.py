@@ -354,7 +354,8 @@ def reading(p: dict, p_holm: float, s: dict) -> str:
 def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list[dict]]:
     """The declared secondary family on the test seeds (design.secondary_family; without it, each secondary arm
     against the baseline), Holm-adjusted together once every test seed has all its arms: [variant, baseline] pairs
-    and, for verdict-lr's QK-norm arms, the interaction (the query effect with QK-norm minus without)."""
+    and "interaction": with two secondary arms [baseline', method'] beside the primary [baseline, method],
+    (method' - baseline') - (method - baseline); in verdict-lr, the query effect with QK-norm minus without."""
     if not s.get("secondary"):
         return [], []
     tpp, key = s["primary_tpp"], s["endpoint"]
@@ -368,7 +369,7 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
     rows = []
     for member in s.get("secondary_family") or [[arm, s["primary"][0]] for arm in s["secondary"]]:
         if member == "interaction":
-            (nq, lq), (n, ln) = ("nonlinear-qknorm", "linear-qknorm"), s["primary"][::-1]
+            (nq, lq), (n, ln) = s["secondary"][::-1], s["primary"][::-1]  # [baseline, method] of each pair
             diffs = [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)])
                      for seed in complete]
             label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
