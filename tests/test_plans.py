@@ -128,6 +128,8 @@ def test_a_users_tiny_plan_runs_end_to_end_and_its_report_shows_the_decision(byt
     assert described["plan_hash"] and described["plan"]["design"]["seeds"] == [1, 2]
     summaries = [json.loads(p.read_text()) for p in (out / "runs").glob("*tpp2*/summary.json")]
     assert len(summaries) == 4 and all("full_val_loss" in s for s in summaries)
+    every = [json.loads(p.read_text())["record"] for p in (out / "runs").glob("*/summary.json")]
+    assert len(every) == 12 and all(r["plan_hash"] == described["plan_hash"] and r["code"] for r in every)
 
 
 @pytest.mark.slow

@@ -156,6 +156,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     study_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
     done_dirs, started, recorded = [], time.perf_counter(), []
+    stamp = {"plan_hash": plan_hash(study.plan)} if study.plan is not None else {}  # into every run's record
     for number, stage in enumerate(study.run_stages(study_dir), start=1):
         check_overrides(study, stage, overrides)
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
@@ -166,14 +167,14 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
                                         "code": code_versions(study_dir / "study.json"), "runs": recorded}
         write_json(study_dir / "study.json", described)
         if shard is None:
-            done_dirs += _run_stage(stage, configs, study_dir, log)
+            done_dirs += _run_stage(stage, configs, study_dir, log, stamp)
             continue
         groups = len(dict.fromkeys(r.chain for r in stage))
         if shard[1] > groups and number == 1:  # more shards than the first stage's work is a typo
             raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
                             f"runs, so at most {groups} shards can share it; use N <= {groups}")
         mine = shard_indices(stage, *shard)
-        done_dirs += _run_stage([stage[i] for i in mine], [configs[i] for i in mine], study_dir, log)
+        done_dirs += _run_stage([stage[i] for i in mine], [configs[i] for i in mine], study_dir, log, stamp)
         _wait_for_others(stage, configs, study_dir, shard, log)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
     return done_dirs
@@ -287,7 +288,9 @@ def _steps_to_train(run_dir: Path, config: RunConfig) -> int:
     return config.train.max_steps - (ckpt.step_of(start) if start else 0)
 
 
-def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) -> list[Path]:
+def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log, stamp: dict) -> list[Path]:
+    """Train the runs not finished (or diverged) yet, in order; each finished run's summary record gets the stamp
+    (a plan's hash), so that a run directory says which plan it belongs to."""
     done_dirs, seconds, steps_done = [], 0.0, 0
     diverged_chains = {}  # chain -> the run of it that diverged: the chain's later runs cannot start
     steps_left = [_steps_to_train(study_dir / "runs" / r.name, c) for r, c in zip(runs, configs)]
@@ -318,6 +321,9 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log) 
         seconds += time.perf_counter() - run_start
         steps_done += steps_left[index - 1]
         summary = read_json(run_dir / "summary.json", "a run summary")
+        if stamp:
+            summary["record"] = (summary.get("record") or {}) | stamp
+            write_json(run_dir / "summary.json", summary)
         log(f"[{index}/{len(runs)}] {run.name}: val loss {summary['val_loss']:.4f} "
             f"({summary['tokens_per_s']:,.0f} tok/s, {time.perf_counter() - run_start:.0f}s)")
     return done_dirs
