@@ -141,7 +141,7 @@ def plan_study(plan: Plan) -> Study:
     """The study of a plan: its arms, seeds and design; its stages as the module docstring says."""
     s = plan.design
     study = Study(plan.name, plan.description, plan.base, plan.arms, seeds=s["seeds"], data=plan.data,
-                  report="verdict-lr" if has_grid(s) else "verdict", settings=dict(s), plan=plan.raw)
+                  report="plan", settings=dict(s), plan=plan.raw)
 
     def stages(study_dir: Path):
         if has_grid(s):

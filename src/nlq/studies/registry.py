@@ -30,8 +30,9 @@ REPORTS: dict[str, Callable[[Path, dict], str]] = {
     "comparison": comparison.build_comparison_report,
     "scaling": scaling.build_scaling_report,
     "probes": probes.build_probes_report,
-    "verdict": build_plan_report,  # a plan with one lr (the name its studies carry in study.json)
-    "verdict-lr": build_plan_report,  # a plan with an lr grid
+    "plan": build_plan_report,  # every study of a plan file
+    "verdict": build_plan_report,  # the names the plan studies' study.json carried before 2026-12-02
+    "verdict-lr": build_plan_report,
 }
 
 
