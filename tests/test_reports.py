@@ -206,3 +206,19 @@ def test_every_committed_report_regenerates_byte_for_byte(name, tmp_path):
     assert "report.md" in outputs
     changed = [f for f in outputs if (committed / f).read_bytes() != (copy / f).read_bytes()]
     assert not changed, f"nlq report results/{name} no longer reproduces {changed}"
+
+
+@pytest.mark.parametrize("damage,needle", [(lambda s: s["settings"].pop("margin"), "design.margin is missing"),
+                                           (lambda s: s["settings"].update(seeds="x"), "design.seeds is 'x'"),
+                                           (lambda s: s.pop("settings"), "settings are missing")])
+def test_a_plan_study_whose_settings_were_edited_by_hand_is_a_one_line_error(tmp_path, capsys, damage, needle):
+    import shutil
+
+    from helpers import one_line_error
+
+    study = shutil.copytree(RESULTS / "verdict", tmp_path / "verdict")
+    described = json.loads((study / "study.json").read_text())
+    damage(described)
+    (study / "study.json").write_text(json.dumps(described))
+    one_line_error(capsys, ["report", study], needle)
+    assert (study / "report.md").read_bytes() == (RESULTS / "verdict" / "report.md").read_bytes()  # not rewritten

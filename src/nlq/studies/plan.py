@@ -147,6 +147,18 @@ def _arms(arms, base: RunConfig, fail) -> list[Variant]:
     return out
 
 
+def check_settings(settings, where: str) -> dict:
+    """A study's settings as study.json holds them (a plan's design), checked as a plan file's design is: a
+    study.json edited by hand is a one-line error naming the field, not a traceback in its report."""
+    def fail(field: str, what: str):
+        raise UserError(f"{where}: {field} {what}; run the study again from its plan to rewrite it")
+
+    if not isinstance(settings, dict) or not isinstance(settings.get("primary"), list):
+        fail("settings", "are missing or hold no design.primary")
+    arms = [a for a in settings["primary"] + (settings.get("secondary") or []) if isinstance(a, str)]
+    return _design(dict(settings), arms, fail)
+
+
 def _design(design: dict, arms: list[str], fail) -> dict:
     grid = "lrs" in design
     allowed = COMMON | (LR_GRID if grid else FIXED_LR) | OPTIONAL

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.studies.engine import endpoints, has_grid, lr_means, selection
+from nlq.studies.plan import check_settings
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
@@ -24,6 +25,7 @@ from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 def build_plan_report(study_dir: Path, study: dict) -> str:
     """report.md, results.csv, verdict.json and the plots of a plan's study, from what is on disk; the design is
     read from study.json (as registered), so the report tests what was registered even if the plan file changes."""
+    check_settings(study.get("settings"), f"{study_dir / 'study.json'} settings")
     return grid_report(study_dir, study) if has_grid(study["settings"]) else one_lr_report(study_dir, study)
 
 
