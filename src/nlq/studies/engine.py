@@ -108,7 +108,8 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
 
 
 def selected_lrs(study: Study, study_dir: Path):
-    """The grid plan's selection, as stages of runs; returns (by StopIteration's value) each arm's selected lr."""
+    """The stages of a grid plan's selection, one at a time; its return value (what `yield from` gives) is each
+    arm's selected lr."""
     s, arms = study.settings, [v.name for v in study.variants]
 
     def means() -> dict[str, dict]:
