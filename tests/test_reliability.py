@@ -55,6 +55,8 @@ BAD_INPUTS = [
     ("train onto a file", lambda d, r, t: ["train", "--data", d, "--out", touch(t / "afile"), "--preset", "nano"],
      "--out"),
     ("study onto a file", lambda d, r, t: ["study", "cpu", "--out", touch(t / "afile")], "is a file, not a directory"),
+    ("study on data that was never prepared", lambda d, r, t: ["study", "cpu", "--out", t / "s", "--data", t / "nodata"],
+     "is not a prepared data directory (no meta.json); run nlq prepare"),
     ("export onto a file", lambda d, r, t: ["export", r, "--to", "hf", touch(t / "afile")], "OUT_DIR"),
     ("vocab_size as a string", lambda d, r, t: ["train", "--data", edited_data(d, t, vocab_size="257"), "--out",
                                                 t / "x", "--preset", "nano", *SMALL], "not a positive integer"),

@@ -186,14 +186,20 @@ class TokenData:
         return load_tokenizer(self.directory, self.meta["tokenizer"])
 
 
-def load_data(directory: str | Path, check_ids: bool = True) -> TokenData:
-    directory = Path(directory)
-    meta_path = directory / "meta.json"
+def read_meta(directory: str | Path) -> dict:
+    """The meta.json of a prepared data directory; a one-line error where there is none."""
+    meta_path = Path(directory) / "meta.json"
     if not meta_path.is_file():
         raise UserError(f"{directory} is not a prepared data directory (no meta.json); run nlq prepare --out "
                         f"{directory}")
+    return read_json(meta_path, "the meta of a prepared data directory; prepare the data again")
+
+
+def load_data(directory: str | Path, check_ids: bool = True) -> TokenData:
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    meta = read_meta(directory)
     try:
-        meta = json.loads(meta_path.read_text())
         dtype = np.dtype(meta["dtype"])
         if not isinstance(meta["vocab_size"], int) or isinstance(meta["vocab_size"], bool) or meta["vocab_size"] < 1:
             raise TypeError(f"vocab_size is {meta['vocab_size']!r}, not a positive integer")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nlq.config import RunConfig, update
-from nlq.data.shards import prepare
+from nlq.data.shards import prepare, read_meta
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
 from nlq.overrides import apply_overrides
@@ -128,6 +128,7 @@ def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=
     """The study's data directory, prepared under study_dir/data unless data_dir is given. Shards
     (wait_for_others) all call this: one prepares, the others wait for its lock and then find it ready."""
     if data_dir:
+        read_meta(data_dir)  # a prepared directory, or a one-line error before any run starts
         return Path(data_dir)
     if study.data.source == "task":  # synthetic tasks are generated on the fly: nothing to prepare
         return None
@@ -276,7 +277,7 @@ def _wait_for_others(runs: list[Run], configs: list[RunConfig], study_dir: Path,
 
 def _data_meta(data_dir: Path) -> dict:
     """What ties a study's results to its corpus: source (with versions), tokenizer, content hash, tokens."""
-    meta = read_json(Path(data_dir) / "meta.json", "the meta of the study's prepared data")
+    meta = read_meta(data_dir)
     return {k: meta.get(k) for k in ("source", "tokenizer", "source_hash", "splits")}
 
 
