@@ -1,4 +1,5 @@
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -351,3 +352,23 @@ def test_prepare_says_when_the_corpus_has_fewer_merges_than_asked(tmp_path, caps
     main(["prepare", "--source", str(docs), "--tokenizer", "bpe:5000", "--out", str(tmp_path / "data"),
           "--val-fraction", "0.5"])
     assert "the corpus supports no more merges than that, not 5,000" in capsys.readouterr().out
+
+
+def test_hf_hub_unreachable_is_one_line_without_the_hubs_retry_warnings(tmp_path, monkeypatch, capfd):
+    """Without HF_HUB_OFFLINE and without a network, huggingface_hub warns at each of its retries before it
+    gives up: the user sees only nlq's one line."""
+    import datasets
+    import huggingface_hub  # noqa: F401  (its logger's handler writes to stderr)
+
+    def unreachable(*args, **kwargs):
+        logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 1s [Retry 1/5].")
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    level = logging.getLogger("huggingface_hub").level
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    with pytest.raises(UserError, match="prepare from local files instead"):
+        prepare("hf:someone/some-corpus", "byte", tmp_path / "out", log=quiet)
+    assert "Retrying" not in capfd.readouterr().err
+    assert logging.getLogger("huggingface_hub").level == level  # put back as it was

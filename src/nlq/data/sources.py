@@ -19,6 +19,7 @@ import glob
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import re
 import sys
@@ -229,9 +230,12 @@ def huggingface(spec: str, text_field: str = "text") -> Source:
         raise UserError("hf source needs a dataset name, e.g. hf:Skylion007/openwebtext")
 
     def documents() -> Iterator[str]:
+        hub_log = logging.getLogger("huggingface_hub")  # its retries warn once each: the error below says it all
+        level = hub_log.level
         try:
             import datasets
 
+            hub_log.setLevel(logging.ERROR)
             dataset = datasets.load_dataset(name, config or None, split="train", streaming=True)
             for record in dataset:
                 text = record.get(text_field)
@@ -244,6 +248,8 @@ def huggingface(spec: str, text_field: str = "text") -> Source:
                 f"cannot reach the Hugging Face hub for hf:{spec} ({type(e).__name__}); offline, prepare from local "
                 f"files instead: nlq prepare --source 'DIR/*.jsonl' (or hf:DIR for a folder of parquet/json files)"
             ) from None
+        finally:
+            hub_log.setLevel(level)
 
     return Source(f"hf:{spec}", documents, meta={"text_field": text_field})
 
