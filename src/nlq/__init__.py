@@ -10,6 +10,7 @@ __version__ = "0.2.0"
 
 _EXPORTS = {
     "NonlinearQuery": "nlq.projections", "PROJECTIONS": "nlq.projections", "build_projection": "nlq.projections",
+    "Projection": "nlq.projections", "register_projection": "nlq.projections",
     "Transformer": "nlq.model",
     "DataConfig": "nlq.config", "DistConfig": "nlq.config", "ModelConfig": "nlq.config", "RunConfig": "nlq.config",
     "TrainConfig": "nlq.config",

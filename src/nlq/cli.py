@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nlq", description="Train and compare transformers with linear, identity or nonlinear query projections.",
         epilog="Any config field can be set as --section.field=value, e.g. --model.query=nonlinear "
-               "--train.max_steps=200",
+               "--train.max_steps=200. NLQ_IMPORT=MODULE[,MODULE] (names or .py files) imports code of your own "
+               "first, such as a projection it registers (docs/PROJECTIONS.md).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -337,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.field=value)")
     try:
+        from nlq.plugins import import_from_environment
+
+        import_from_environment()  # modules of your own (NLQ_IMPORT) before any config is read
         _check_output_dirs(args)
         args.func(args, rest)
     except ModuleNotFoundError as e:

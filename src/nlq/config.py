@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nlq.errors import ConfigError
-from nlq.projections import ACTIVATION_MODULES, PROJECTIONS
+from nlq.projections import ACTIVATION_MODULES, OWN_HINT, PROJECTIONS
 
 
 def _check(ok: bool, message: str) -> None:
@@ -29,8 +29,9 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _one_of(section: str, name: str, value: Any, choices: tuple) -> None:
-    _check(value in choices, f"{section}.{name}={value!r} is not valid; choose one of {', '.join(map(str, choices))}")
+def _one_of(section: str, name: str, value: Any, choices: tuple, hint: str = "") -> None:
+    _check(value in choices, f"{section}.{name}={value!r} is not valid; choose one of {', '.join(map(str, choices))}"
+                             + (f" ({hint})" if hint else ""))
 
 
 def literal_choices(annotation: Any) -> tuple | None:
@@ -78,7 +79,7 @@ class ProjectionsConfig:
         for name in ("q", "k", "v", "o"):
             value = getattr(self, name)
             if value is not None or name != "q":
-                _one_of("model.projections", name, value, tuple(PROJECTIONS))
+                _one_of("model.projections", name, value, tuple(PROJECTIONS), OWN_HINT)
 
 
 @dataclass
@@ -126,7 +127,7 @@ class ModelConfig:
                f"n_embd={self.n_embd}; "
                f"use a ratio of at least {1 / self.n_embd:.3g}")
         _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
-        _one_of("model", "query", self.query, tuple(PROJECTIONS))
+        _one_of("model", "query", self.query, tuple(PROJECTIONS), OWN_HINT)
         _check(self.query_rank is None or self.query_rank > 0, f"model.query_rank={self.query_rank} must be > 0")
         _one_of("model", "query_activation", self.query_activation, tuple(ACTIVATION_MODULES))
         _check(self.attn_scale is None or self.attn_scale > 0, f"model.attn_scale={self.attn_scale} must be > 0")

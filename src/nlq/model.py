@@ -78,6 +78,8 @@ class Attention(nn.Module):
             return [p(x) for p in projections]
         weights = [_input_weight(p) for p in projections]
         present = [w for w in weights if w is not None]
+        if not present:  # no first matmul to share (identity q, k and v; projections of your own)
+            return [_finish(p, x, None) for p in projections]
         h = F.linear(x, present[0] if len(present) == 1 else torch.cat(present))  # (B, T, sum of widths)
         slices = iter(h.split([w.size(0) for w in present], dim=-1))
         return [_finish(p, x, next(slices) if w is not None else None) for p, w in zip(projections, weights)]

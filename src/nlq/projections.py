@@ -14,11 +14,15 @@ any model: `from nlq import NonlinearQuery`. Each maps (..., d) -> (..., d) and 
   so attention can compute q, k and v with one matmul (X [W_q | W_k | W_v]) and let each projection
   finish its slice. forward(x) == finish(x, x @ input_weight().T) exactly; identity has no weight (None).
 
-Adding a variant = one class (with `from_config`) + one PROJECTIONS entry + one case in
-tests/test_projections.py.
+Adding a variant to nlq = one class (with `from_config`) + one PROJECTIONS entry + one case in
+tests/test_projections.py. A variant of your own, outside nlq: subclass `Projection` (forward and from_config
+are all it needs), call `register_projection("name", YourClass)` in a module of yours, and name that module
+in NLQ_IMPORT or in a plan's `imports` (nlq.plugins); then `--model.query=name` trains it.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +43,28 @@ def _add_bias(h: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return h if bias is None else h + bias
 
 
-class LinearProjection(nn.Module):
-    """Q = X W_Q: the standard baseline."""
+class Projection(nn.Module):
+    """What attention asks of a projection, with defaults for a variant of your own: define forward(x),
+    (..., d) -> (..., d), and from_config(cfg) if its constructor takes more than the width d.
+
+    The defaults: output_scale and query_scale 1; no first matmul to share (input_weight() is None), so attention
+    calls finish(x, None), which is forward(x)."""
 
     output_scale, query_scale = 1.0, 1.0
+
+    @classmethod
+    def from_config(cls, cfg) -> Projection:
+        return cls(cfg.n_embd)
+
+    def input_weight(self) -> torch.Tensor | None:
+        return None
+
+    def finish(self, x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        return self(x)
+
+
+class LinearProjection(Projection):
+    """Q = X W_Q: the standard baseline."""
 
     def __init__(self, dim: int, bias: bool = False):
         super().__init__()
@@ -62,18 +84,15 @@ class LinearProjection(nn.Module):
         return self.weight_proj(x)
 
 
-class IdentityProjection(nn.Module):
+class IdentityProjection(Projection):
     """Q = X, no weights (Karbevski & Mijoski): W_Q is absorbed by the layers that write X.
     The predecessor paper halves the attention scale for this variant."""
 
-    output_scale, query_scale = 1.0, 0.5
+    query_scale = 0.5
 
     @classmethod
     def from_config(cls, cfg) -> IdentityProjection:
         return cls()
-
-    def input_weight(self) -> None:
-        return None
 
     def finish(self, x: torch.Tensor, h: None) -> torch.Tensor:
         return x
@@ -82,10 +101,8 @@ class IdentityProjection(nn.Module):
         return x
 
 
-class ResidualProjection(nn.Module):
+class ResidualProjection(Projection):
     """Q = (X + X W_Q) / 2: still linear, a control for the residual form of the method."""
-
-    query_scale = 1.0
 
     def __init__(self, dim: int, bias: bool = False, fold_half: bool = False):
         super().__init__()
@@ -108,7 +125,7 @@ class ResidualProjection(nn.Module):
         return self.finish(x, F.linear(x, self.weight_proj.weight))
 
 
-class NonlinearQuery(nn.Module):
+class NonlinearQuery(Projection):
     """Q = (X + f(X)) / 2 with f(X) = LayerNorm(act(RMSNorm(X) W1) W2), W1: d x r, W2: r x d (Karbevski 2026).
 
     With r = d/2 (the default) the two matrices hold d^2 weights, the same as the W_Q they replace.
@@ -120,8 +137,6 @@ class NonlinearQuery(nn.Module):
     Drop-in use, in place of a query projection q_proj = nn.Linear(d, d, bias=False):
         q_proj = NonlinearQuery(d)              # forward returns (X + f(X)) / 2
     """
-
-    query_scale = 1.0
 
     def __init__(self, dim: int, rank: int | None = None, activation: str = "gelu", in_norm: bool = True,
                  out_norm: bool = True, bias: bool = False, eps: float = 1e-5, fold_half: bool = False):
@@ -169,10 +184,27 @@ PROJECTIONS: dict[str, type[nn.Module]] = {
     "residual": ResidualProjection,
     "nonlinear": NonlinearQuery,
 }
+BUILT_IN = frozenset(PROJECTIONS)  # nlq's own: what an export ships and what a name of yours may not replace
+OWN_HINT = "a projection of your own is registered by a module named in NLQ_IMPORT or in a plan's imports"
+
+
+def register_projection(name: str, cls: type[nn.Module]) -> None:
+    """Make cls trainable as model.query=name (and model.projections.k/v/o=name). Registering a name again
+    replaces the earlier class (a module imported twice); nlq's own names cannot be replaced."""
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
+        raise ValueError(f"projection name {name!r}: use lower-case letters, digits, '_' or '-', starting with a "
+                         f"letter")
+    if name in BUILT_IN:
+        raise ValueError(f"{name!r} is one of nlq's own projections ({', '.join(sorted(BUILT_IN))}); register "
+                         f"yours under another name")
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and callable(getattr(cls, "from_config", None))):
+        raise TypeError(f"register_projection({name!r}, ...) needs an nn.Module class with from_config(cfg); "
+                        f"subclass nlq.projections.Projection")
+    PROJECTIONS[name] = cls
 
 
 def build_projection(name: str, cfg) -> nn.Module:
     """The projection `name` sized by a ModelConfig (n_embd, bias, norm_eps and the query_* options)."""
     if name not in PROJECTIONS:
-        raise ValueError(f"unknown projection {name!r}; valid names: {', '.join(PROJECTIONS)}")
+        raise ValueError(f"unknown projection {name!r}; valid names: {', '.join(PROJECTIONS)} ({OWN_HINT})")
     return PROJECTIONS[name].from_config(cfg)

@@ -23,6 +23,7 @@ from nlq.errors import UserError
 from nlq.fileio import atomic_directory, is_empty_dir, overlaps, remove_stale, stale_siblings, write_json
 from nlq.interop.load import gpt2_state
 from nlq.lock import directory_lock
+from nlq.projections import BUILT_IN
 from nlq.runs.checkpoint import resolve_checkpoint
 from nlq.runs.rundir import load_model, run_dir_of, tokenizer_folder
 
@@ -47,6 +48,10 @@ def export_hf(source: str | Path, out_dir: str | Path, overwrite: bool = False) 
     with directory_lock(out, f"export directory {out}"):
         remove_stale(out.parent, stale_siblings(out))  # a killed export's temporary directory
         model, config, payload = load_model(source)
+        own = sorted(set(config.model.placements.values()) - BUILT_IN)
+        if own:
+            raise UserError(f"model.query or model.projections uses {', '.join(own)}, a projection of your own; "
+                            f"an export ships nlq's own projections only ({', '.join(sorted(BUILT_IN))})")
         with atomic_directory(out) as tmp:
             if is_plain_gpt2(config.model):
                 kind = _write_gpt2(model, config.model, tmp)

@@ -18,12 +18,13 @@ from pathlib import Path
 
 from nlq.config import RunConfig, update
 from nlq.errors import ConfigError, UserError
+from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset
 from nlq.studies.frozen import plan_hash
 from nlq.studies.study import DataSpec, Variant
 
 SHIPPED = Path(__file__).resolve().parent.parent / "plans"
-TOP_KEYS = {"name", "description", "data", "base", "arms", "design"}
+TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design"}
 SECTIONS = ("model", "data", "train", "dist")
 ENDPOINTS = ("full_val_loss", "val_loss")
 COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int, float), "seeds": list,
@@ -70,17 +71,23 @@ def load_plan(path: str | Path) -> Plan:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"cannot parse plan {path}: {str(e).splitlines()[0][:200]}") from None
-    return read_plan(raw, str(path))
+    return read_plan(raw, str(path), base=path.parent)
 
 
-def read_plan(raw: dict, where: str = "the plan") -> Plan:
-    """A Plan from a parsed plan file; every mistake is a one-line UserError naming the field."""
+def read_plan(raw: dict, where: str = "the plan", base: Path | None = None) -> Plan:
+    """A Plan from a parsed plan file; every mistake is a one-line UserError naming the field. The modules in
+    `imports` (code of the user's own, such as a projection they register) are imported first, .py files
+    relative to base (the plan file's folder)."""
     def fail(field: str, what: str):
         raise UserError(f"{where}: {field} {what}")
 
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         fail(unknown[0], f"is not a plan field; a plan has {', '.join(sorted(TOP_KEYS))}")
+    imports = raw.get("imports", [])
+    if not (isinstance(imports, list) and all(isinstance(i, str) for i in imports)):
+        fail("imports", "must be a list of module names or .py files, e.g. imports = [\"my_projection.py\"]")
+    import_modules(imports, base, f"{where}: imports")
     name = raw.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         fail("name", f"is {name!r}; give a short name of letters, digits, '.', '_' or '-'")

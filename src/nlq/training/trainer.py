@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nlq import plugins
 from nlq.config import RunConfig, TrainConfig, update
 from nlq.data.batches import IGNORE
 from nlq.errors import Diverged, PeerFailure, UserError
@@ -309,8 +310,10 @@ class Trainer:
         first_step = ckpt.step_of(Path(self.config.train.resume_from)) if self.config.train.resume_from else 0
         x, y = self.plan.batch(first_step, 0, self.env.world, 0, self.spec.accum)
         resumed = self.start_step if self.payload and "branched_from" not in self.payload else None
-        return {"code": code_version(), "started_utc": started_utc, "ended_utc": utc_now(), "resumed_at_step": resumed,
-                "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)}}
+        record = {"code": code_version(), "started_utc": started_utc, "ended_utc": utc_now(),
+                  "resumed_at_step": resumed, "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)}}
+        imports = plugins.loaded()  # code of the user's own (NLQ_IMPORT, a plan's imports), by file hash
+        return record | ({"imports": imports} if imports else {})
 
     def _summary(self, rates: list[float]) -> dict:
         records = read_metrics(self.run_dir / "metrics.jsonl") if self.env.is_main else []

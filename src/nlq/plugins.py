@@ -1,0 +1,94 @@
+"""Code of your own that nlq imports before it reads a config, such as a module that registers a projection
+(`nlq.projections.register_projection`). Name it in the environment variable NLQ_IMPORT (comma-separated; every
+nlq command, every shard and every torchrun rank reads it) or in a plan file's `imports`.
+
+An entry is a module on the Python path (`my_projection`, `mypkg.projections`) or a .py file: relative to the
+current directory in NLQ_IMPORT, to the plan file's folder in a plan. Each module imported this way is recorded
+with the sha256 of its file in every run's summary (record.imports), so a result says which code made it."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from nlq.errors import UserError
+
+ENV = "NLQ_IMPORT"
+_LOADED: dict[str, dict] = {}  # module name -> {"file": path, "sha256": digest of the file}
+
+
+def import_modules(entries: list[str], base: Path | None = None, where: str = ENV) -> None:
+    """Import each entry once (module name or .py file); a missing or failing module is a one-line error that
+    names it and, for an error inside it, the file and line."""
+    for entry in entries:
+        if not isinstance(entry, str) or not entry.strip():
+            raise UserError(f"{where}: {entry!r} is not a module name or a .py file")
+        entry = entry.strip()
+        if entry.endswith(".py"):
+            path = Path(entry) if base is None or Path(entry).is_absolute() else base / entry
+            if not path.is_file():
+                raise UserError(f"{where}: {path} does not exist; name a module on the Python path or an existing "
+                                f".py file")
+            _import_file(path.resolve(), where)
+        else:
+            _import_name(entry, where)
+
+
+def import_from_environment() -> None:
+    """The modules named in NLQ_IMPORT (nothing when it is unset or empty)."""
+    entries = [e for e in os.environ.get(ENV, "").split(",") if e.strip()]
+    if entries:
+        import_modules(entries)
+
+
+def loaded() -> dict[str, dict]:
+    """What import_modules has imported in this process: module name -> its file and the file's sha256."""
+    return {name: dict(info) for name, info in _LOADED.items()}
+
+
+def _import_name(name: str, where: str) -> None:
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and name.startswith(e.name):
+            raise UserError(f"{where}: no module named {name!r} on the Python path; install it, add its folder to "
+                            f"PYTHONPATH, or give the .py file's path") from None
+        raise UserError(_failure(name, e)) from None
+    except Exception as e:  # an error inside the user's module: where it happened, in one line
+        raise UserError(_failure(name, e)) from None
+    _record(name, getattr(module, "__file__", None))
+
+
+def _import_file(path: Path, where: str) -> None:
+    name = path.stem
+    if name in _LOADED and _LOADED[name]["file"] == str(path):
+        return
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) != str(path):
+        raise UserError(f"{where}: {path} would be imported as the module {name!r}, which is already another "
+                        f"module ({getattr(sys.modules[name], '__file__', 'built in')}); rename the file")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs, as import does (dataclasses and pickling look it up)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise UserError(_failure(str(path), e)) from None
+    _record(name, str(path))
+
+
+def _record(name: str, file: str | None) -> None:
+    digest = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file and Path(file).is_file() else None
+    _LOADED[name] = {"file": file, "sha256": digest}
+
+
+def _failure(what: str, error: Exception) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [f for f in frames if "importlib" not in f.filename] or frames
+    at = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
+    return f"importing {what} failed{at}: {type(error).__name__}: {error}"

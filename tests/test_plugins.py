@@ -1,0 +1,162 @@
+"""A projection of the user's own, outside nlq: registered by a module named in NLQ_IMPORT or in a plan's
+imports, it trains, evaluates and runs in a plan like nlq's own; the run records the module's hash; what cannot
+take it (an export) says so in one line."""
+
+import hashlib
+import json
+import sys
+
+import pytest
+import torch
+
+from helpers import SMALL, one_line_error, tiny_model_config, train_small
+from nlq import plugins
+from nlq.errors import UserError
+from nlq.model import Transformer
+from nlq.projections import BUILT_IN, PROJECTIONS, LinearProjection, Projection, register_projection
+
+PLUGIN = '''
+import torch
+from torch import nn
+
+from nlq.projections import Projection, register_projection
+
+
+class TanhQuery(Projection):
+    """Q = tanh(X W): the user's own variant, written with nothing but forward (from_config is the default)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        return torch.tanh(self.weight_proj(x))
+
+
+class PlainLinear(Projection):
+    """X W with its own matmul (no input_weight to share): must compute exactly what nlq's linear does."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        return self.weight_proj(x)
+
+
+register_projection("tanh-query", TanhQuery)
+register_projection("plain-linear", PlainLinear)
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """The plugin file, and the registry, sys.modules and the loaded-module record put back afterwards."""
+    path = tmp_path / "my_projection.py"
+    path.write_text(PLUGIN)
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    saved = dict(PROJECTIONS)
+    yield path
+    PROJECTIONS.clear()
+    PROJECTIONS.update(saved)
+    sys.modules.pop("my_projection", None)
+
+
+def test_a_registered_projection_of_ones_own_computes_what_the_same_math_built_in_does(plugin):
+    """A projection without a shared first matmul goes through attention's fallback (finish = forward): with the
+    weights of nlq's linear query it gives the same logits, fused or not."""
+    plugins.import_modules([str(plugin)])
+    assert {"tanh-query", "plain-linear"} <= set(PROJECTIONS) and BUILT_IN == {"linear", "identity", "residual",
+                                                                                 "nonlinear"}
+    reference = Transformer(tiny_model_config(query="linear"), seed=3)
+    own = Transformer(tiny_model_config(query="plain-linear"), seed=3)
+    assert set(own.state_dict()) == set(reference.state_dict())
+    own.load_state_dict(reference.state_dict())
+    x = torch.randint(0, 97, (2, 16))
+    for fused in (True, False):
+        for block in own.blocks:
+            block.attn.fused_input = fused
+        torch.testing.assert_close(own(x)[0], reference(x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_identity_query_key_and_value_run_without_any_matmul_to_share():
+    from nlq.config import ProjectionsConfig
+
+    config = tiny_model_config(query="identity", projections=ProjectionsConfig(k="identity", v="identity"))
+    model = Transformer(config, seed=0)
+    logits, _ = model(torch.randint(0, 97, (2, 16)))
+    assert logits.shape == (2, 16, 97) and torch.isfinite(logits).all()
+
+
+def test_register_refuses_nlqs_own_names_bad_names_and_non_modules():
+    with pytest.raises(ValueError, match="one of nlq's own projections"):
+        register_projection("nonlinear", LinearProjection)
+    with pytest.raises(ValueError, match="lower-case letters"):
+        register_projection("My Query", LinearProjection)
+    with pytest.raises(TypeError, match="nn.Module class with from_config"):
+        register_projection("mine", object)
+    assert issubclass(LinearProjection, Projection) and "mine" not in PROJECTIONS
+
+
+def test_nlq_import_trains_records_the_module_and_evaluates_a_run_of_ones_own(plugin, byte_data, tmp_path,
+                                                                              monkeypatch, capsys):
+    from nlq.cli import main
+
+    monkeypatch.setenv("NLQ_IMPORT", str(plugin))
+    run = train_small(byte_data, tmp_path / "run", "--model.query=tanh-query")
+    config = json.loads((run / "config.json").read_text())
+    record = json.loads((run / "summary.json").read_text())["record"]
+    assert config["model"]["query"] == "tanh-query"
+    assert record["imports"] == {"my_projection": {"file": str(plugin.resolve()),
+                                                   "sha256": hashlib.sha256(plugin.read_bytes()).hexdigest()}}
+    capsys.readouterr()
+    main(["eval", str(run)])
+    assert "loss" in capsys.readouterr().out
+    one_line_error(capsys, ["export", run, "--to", "hf", tmp_path / "hf"], "tanh-query, a projection of your own")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_without_its_module_a_projection_of_ones_own_is_a_one_line_error_that_says_how(byte_data, tmp_path, capsys,
+                                                                                       monkeypatch):
+    monkeypatch.delenv("NLQ_IMPORT", raising=False)
+    one_line_error(capsys, ["train", "--data", byte_data, "--out", tmp_path / "x", "--preset", "nano", *SMALL,
+                            "--model.query=tanh-query"], "NLQ_IMPORT")
+
+
+@pytest.mark.parametrize("entries,needle", [
+    (["no_such_module_anywhere"], "no module named 'no_such_module_anywhere' on the Python path"),
+    (["missing.py"], "missing.py does not exist"),
+])
+def test_a_bad_nlq_import_is_one_line(tmp_path, capsys, monkeypatch, entries, needle):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NLQ_IMPORT", ",".join(entries))
+    one_line_error(capsys, ["info", "nano"], needle)
+    with pytest.raises(UserError, match="is not a module name or a .py file"):
+        plugins.import_modules([""])
+
+
+def test_an_error_inside_ones_own_module_names_its_file_and_line(tmp_path, capsys, monkeypatch):
+    broken = tmp_path / "broken_projection.py"
+    broken.write_text("import torch\n\nx = 1\nraise RuntimeError('my bug')\n")
+    monkeypatch.setenv("NLQ_IMPORT", str(broken))
+    err = one_line_error(capsys, ["info", "nano"], "my bug")
+    assert f"{broken.resolve()}:4" in err and "RuntimeError" in err
+    assert "broken_projection" not in sys.modules
+
+
+def test_a_plan_imports_its_projection_from_beside_it_and_freezes_that(plugin, byte_data, tmp_path, capsys):
+    """`imports` in a plan file: a .py file relative to the plan; the dry run lists the arm of one's own."""
+    from nlq.cli import main
+    from test_plans import plan_text
+
+    plan = plan_text(tmp_path)  # beside the plugin, in tmp_path
+    raw = plan.read_text().replace('query = "nonlinear"', 'query = "tanh-query"')
+    plan.write_text('imports = ["my_projection.py"]\n' + raw)
+    main(["study", str(plan), "--out", str(tmp_path / "s"), "--data", str(byte_data), "--dry-run"])
+    out = capsys.readouterr().out
+    assert "mine" in out and "in all: " in out
+    assert "my_projection" in plugins.loaded()
+    plan.write_text('imports = ["not_here.py"]\n' + raw)
+    one_line_error(capsys, ["study", plan, "--out", tmp_path / "s2", "--dry-run"], "imports: ")
+    plan.write_text('imports = "my_projection.py"\n' + raw)
+    one_line_error(capsys, ["study", plan, "--out", tmp_path / "s2", "--dry-run"], "imports must be a list")
