@@ -1,5 +1,5 @@
 """A projection of the user's own, outside nlq: registered by a module named in NLQ_IMPORT or in a plan's
-imports, it trains, evaluates and runs in a plan like nlq's own; the run records the module's hash; what cannot
+imports, it trains, evaluates and runs in a plan like nlq's own; the run records its code's hash; what cannot
 take it (an export) says so in one line."""
 
 import hashlib
@@ -51,10 +51,9 @@ register_projection("plain-linear", PlainLinear)
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    """The plugin file, and the registry, sys.modules and the loaded-module record put back afterwards."""
+    """The plugin file, and the registry and sys.modules put back afterwards."""
     path = tmp_path / "my_projection.py"
     path.write_text(PLUGIN)
-    monkeypatch.setattr(plugins, "_LOADED", {})
     saved = dict(PROJECTIONS)
     yield path
     PROJECTIONS.clear()
@@ -107,8 +106,8 @@ def test_nlq_import_trains_records_the_module_and_evaluates_a_run_of_ones_own(pl
     config = json.loads((run / "config.json").read_text())
     record = json.loads((run / "summary.json").read_text())["record"]
     assert config["model"]["query"] == "tanh-query"
-    assert record["imports"] == {"my_projection": {"file": str(plugin.resolve()),
-                                                   "sha256": hashlib.sha256(plugin.read_bytes()).hexdigest()}}
+    assert record["projections"] == {"tanh-query": {"class": "my_projection.TanhQuery", "file": str(plugin.resolve()),
+                                                    "sha256": hashlib.sha256(plugin.read_bytes()).hexdigest()}}
     capsys.readouterr()
     main(["eval", str(run)])
     assert "loss" in capsys.readouterr().out
@@ -155,7 +154,7 @@ def test_a_plan_imports_its_projection_from_beside_it_and_freezes_that(plugin, b
     main(["study", str(plan), "--out", str(tmp_path / "s"), "--data", str(byte_data), "--dry-run"])
     out = capsys.readouterr().out
     assert "mine" in out and "in all: " in out
-    assert "my_projection" in plugins.loaded()
+    assert "tanh-query" in PROJECTIONS
     plan.write_text('imports = ["not_here.py"]\n' + raw)
     one_line_error(capsys, ["study", plan, "--out", tmp_path / "s2", "--dry-run"], "imports: ")
     plan.write_text('imports = "my_projection.py"\n' + raw)

@@ -3,12 +3,12 @@
 nlq command, every shard and every torchrun rank reads it) or in a plan file's `imports`.
 
 An entry is a module on the Python path (`my_projection`, `mypkg.projections`) or a .py file: relative to the
-current directory in NLQ_IMPORT, to the plan file's folder in a plan. Each module imported this way is recorded
-with the sha256 of its file in every run's summary (record.imports), so a result says which code made it."""
+current directory in NLQ_IMPORT, to the plan file's folder in a plan. A run that uses a projection of your own
+records its class, file and the file's sha256 (summary.json, record.projections), so a result says which code
+made it."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -19,7 +19,6 @@ from pathlib import Path
 from nlq.errors import UserError
 
 ENV = "NLQ_IMPORT"
-_LOADED: dict[str, dict] = {}  # module name -> {"file": path, "sha256": digest of the file}
 
 
 def import_modules(entries: list[str], base: Path | None = None, where: str = ENV) -> None:
@@ -46,14 +45,9 @@ def import_from_environment() -> None:
         import_modules(entries)
 
 
-def loaded() -> dict[str, dict]:
-    """What import_modules has imported in this process: module name -> its file and the file's sha256."""
-    return {name: dict(info) for name, info in _LOADED.items()}
-
-
 def _import_name(name: str, where: str) -> None:
     try:
-        module = importlib.import_module(name)
+        importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name and name.startswith(e.name):
             raise UserError(f"{where}: no module named {name!r} on the Python path; install it, add its folder to "
@@ -61,14 +55,13 @@ def _import_name(name: str, where: str) -> None:
         raise UserError(_failure(name, e)) from None
     except Exception as e:  # an error inside the user's module: where it happened, in one line
         raise UserError(_failure(name, e)) from None
-    _record(name, getattr(module, "__file__", None))
 
 
 def _import_file(path: Path, where: str) -> None:
     name = path.stem
-    if name in _LOADED and _LOADED[name]["file"] == str(path):
-        return
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) != str(path):
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
+        return  # imported already (NLQ_IMPORT and a plan may name the same file)
+    if name in sys.modules:
         raise UserError(f"{where}: {path} would be imported as the module {name!r}, which is already another "
                         f"module ({getattr(sys.modules[name], '__file__', 'built in')}); rename the file")
     spec = importlib.util.spec_from_file_location(name, path)
@@ -79,12 +72,6 @@ def _import_file(path: Path, where: str) -> None:
     except Exception as e:
         del sys.modules[name]
         raise UserError(_failure(str(path), e)) from None
-    _record(name, str(path))
-
-
-def _record(name: str, file: str | None) -> None:
-    digest = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file and Path(file).is_file() else None
-    _LOADED[name] = {"file": file, "sha256": digest}
 
 
 def _failure(what: str, error: Exception) -> str:

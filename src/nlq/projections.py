@@ -22,7 +22,10 @@ in NLQ_IMPORT or in a plan's `imports` (nlq.plugins); then `--model.query=name` 
 
 from __future__ import annotations
 
+import hashlib
 import re
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -201,6 +204,17 @@ def register_projection(name: str, cls: type[nn.Module]) -> None:
         raise TypeError(f"register_projection({name!r}, ...) needs an nn.Module class with from_config(cfg); "
                         f"subclass nlq.projections.Projection")
     PROJECTIONS[name] = cls
+
+
+def own_sources(names) -> dict[str, dict]:
+    """For each name of a projection of the user's own (not nlq's): its class, file and the file's sha256."""
+    out = {}
+    for name in sorted(set(names) - BUILT_IN):
+        cls = PROJECTIONS[name]
+        file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        digest = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file and Path(file).is_file() else None
+        out[name] = {"class": f"{cls.__module__}.{cls.__qualname__}", "file": file, "sha256": digest}
+    return out
 
 
 def build_projection(name: str, cfg) -> nn.Module:

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nlq import plugins
 from nlq.config import RunConfig, TrainConfig, update
 from nlq.data.batches import IGNORE
 from nlq.errors import Diverged, PeerFailure, UserError
@@ -26,6 +25,7 @@ from nlq.fileio import remove_stale
 from nlq.interop.load import load_initial_weights
 from nlq.lock import directory_lock
 from nlq.model import Transformer
+from nlq.projections import own_sources
 from nlq.provenance import code_version, tensor_hash, utc_now
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.metrics import read_metrics, truncate_metrics, write_metrics
@@ -312,8 +312,8 @@ class Trainer:
         resumed = self.start_step if self.payload and "branched_from" not in self.payload else None
         record = {"code": code_version(), "started_utc": started_utc, "ended_utc": utc_now(),
                   "resumed_at_step": resumed, "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)}}
-        imports = plugins.loaded()  # code of the user's own (NLQ_IMPORT, a plan's imports), by file hash
-        return record | ({"imports": imports} if imports else {})
+        own = own_sources(self.config.model.placements.values())  # projections of the user's own: which code
+        return record | ({"projections": own} if own else {})
 
     def _summary(self, rates: list[float]) -> dict:
         records = read_metrics(self.run_dir / "metrics.jsonl") if self.env.is_main else []
