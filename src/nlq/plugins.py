@@ -49,7 +49,7 @@ def _import_name(name: str, where: str) -> None:
     try:
         importlib.import_module(name)
     except ModuleNotFoundError as e:
-        if e.name and name.startswith(e.name):
+        if e.name and (name == e.name or name.startswith(e.name + ".")):  # the entry itself, not an import in it
             raise UserError(f"{where}: no module named {name!r} on the Python path; install it, add its folder to "
                             f"PYTHONPATH, or give the .py file's path") from None
         raise UserError(_failure(name, e)) from None
