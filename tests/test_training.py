@@ -45,6 +45,8 @@ def test_exact_resume_is_bitwise_identical(byte_data, tmp_path, query):
     train(half, tmp_path / "b", quiet=True)
     train(straight, tmp_path / "b", resume=True, quiet=True)
     assert losses(tmp_path / "a") == losses(tmp_path / "b")  # exact float equality, dropout included
+    records = {d: json.loads((tmp_path / d / "summary.json").read_text())["record"] for d in "ab"}
+    assert records["a"]["resumed_at_step"] is None and records["b"]["resumed_at_step"] == 5
     val_a, val_b = dict(losses(tmp_path / "a", "val_loss")), dict(losses(tmp_path / "b", "val_loss"))
     assert set(val_a) == {0, 4, 8, 10} and all(val_a[s] == val_b[s] for s in val_a)  # b also evaluated at 5
     a, b = (load_checkpoint(tmp_path / d)["model"] for d in "ab")
