@@ -159,3 +159,28 @@ def test_a_plan_imports_its_projection_from_beside_it_and_freezes_that(plugin, b
     one_line_error(capsys, ["study", plan, "--out", tmp_path / "s2", "--dry-run"], "imports: ")
     plan.write_text('imports = "my_projection.py"\n' + raw)
     one_line_error(capsys, ["study", plan, "--out", tmp_path / "s2", "--dry-run"], "imports must be a list")
+
+
+def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, tmp_path, monkeypatch):
+    """study.json records the file and sha256 of a projection of one's own; a changed file is refused on the next
+    start, as a changed plan is; nlq's own projections record nothing."""
+    from helpers import fake_training, tiny_run_config
+    from nlq.studies.study import DataSpec, Study, Variant, run_study
+
+    plugins.import_modules([str(plugin)])
+    fake_training(monkeypatch)
+    study = Study("own", "", tiny_run_config(byte_data), [Variant("linear", {"model": {"query": "linear"}}),
+                                                          Variant("tanh", {"model": {"query": "tanh-query"}})],
+                  seeds=[1], data=DataSpec("unused", "byte"))
+    run_study(study, tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
+    recorded = json.loads((tmp_path / "s" / "study.json").read_text())["projections"]
+    assert recorded == {"tanh-query": {"class": "my_projection.TanhQuery", "file": str(plugin.resolve()),
+                                       "sha256": hashlib.sha256(plugin.read_bytes()).hexdigest()}}
+    run_study(study, tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)  # unchanged: resumes
+    plugin.write_text(PLUGIN + "\n# edited after the study started\n")
+    with pytest.raises(UserError, match="the code of a study's arm is frozen once it has run"):
+        run_study(study, tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
+    linear_only = Study("lin", "", tiny_run_config(byte_data), [Variant("linear", {"model": {"query": "linear"}})],
+                        seeds=[1], data=DataSpec("unused", "byte"))
+    run_study(linear_only, tmp_path / "lin", data_dir=str(byte_data), log=lambda *_: None)
+    assert "projections" not in json.loads((tmp_path / "lin" / "study.json").read_text())

@@ -10,6 +10,7 @@ from pathlib import Path
 from nlq.errors import UserError
 from nlq.fileio import read_json
 from nlq.overrides import parse_overrides
+from nlq.projections import own_sources
 
 
 def plan_hash(raw: dict) -> str:
@@ -41,6 +42,23 @@ def check_frozen(name: str, plan: dict | None, study_dir: Path) -> None:
     field_name = changed_field(earlier.get("plan") or {}, plan)
     raise UserError(f"{study_dir} ran another version of plan {name}: {field_name} changed; a pre-registered plan "
                     f"is frozen once it has run: put the changed plan in a new study directory")
+
+
+def frozen_own_code(study_dir: Path, models: list) -> dict[str, dict]:
+    """The projections of the user's own that these model configs use (class, file, sha256), checked against what
+    study.json recorded when the study started: their code is part of the design, so a changed file is refused
+    like a changed plan."""
+    own = own_sources({name for model in models for name in model.placements.values()})
+    path = Path(study_dir) / "study.json"
+    earlier = read_json(path, "the study's description").get("projections", {}) if path.is_file() else {}
+    for name, source in own.items():
+        before = earlier.get(name)
+        if before and before["sha256"] != source["sha256"]:
+            raise UserError(f"{study_dir} ran projection {name} from {before['file']} with sha256 "
+                            f"{before['sha256'][:16]}, and {source['file']} now has {(source['sha256'] or '')[:16]}: "
+                            f"the code of a study's arm is frozen once it has run; restore it or start a new study "
+                            f"directory")
+    return earlier | own
 
 
 def dotted_keys(changes: dict, prefix: str = "") -> set[str]:

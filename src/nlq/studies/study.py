@@ -25,7 +25,7 @@ from nlq.overrides import apply_overrides
 from nlq.provenance import code_version
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
-from nlq.studies.frozen import check_frozen, check_overrides, plan_hash
+from nlq.studies.frozen import check_frozen, check_overrides, frozen_own_code, plan_hash
 from nlq.training.trainer import train
 
 
@@ -163,10 +163,11 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
         recorded += [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
                      for r, c in zip(stage, configs)]
+        own = frozen_own_code(study_dir, [c.model for c in configs])  # projections of the user's own, by file hash
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
                                         "data_meta": _data_meta(data) if data else None,
                                         "code": code_versions(study_dir / "study.json"), "runs": recorded}
-        write_json(study_dir / "study.json", described)
+        write_json(study_dir / "study.json", described | ({"projections": own} if own else {}))
         if shard is None:
             done_dirs += _run_stage(stage, configs, study_dir, log, stamp)
             continue
