@@ -207,3 +207,20 @@ def test_a_missing_or_broken_plan_file_is_one_line(tmp_path):
     shutil.copy(SHIPPED / "example.toml", tmp_path / "ok.toml")
     assert load_plan(tmp_path / "ok.toml").kind == "fixed-lr"
     assert load_plan(SHIPPED / "verdict-lr.toml").kind == "lr-grid"
+
+
+def test_the_dry_run_says_what_the_test_pairs_buy_at_the_planning_sd(tmp_path, capsys):
+    """verdict-lr's 16 pairs were fixed for at least 70% power at a true Δ of 0.02 and sd 0.03; a user's plan that
+    declares more power than its pairs give is told how many would."""
+    from nlq.cli import main
+    from nlq.studies.engine import power_text
+    from nlq.studies.stats import power_paired_t
+
+    line = power_text(get_study("verdict-lr").settings)
+    assert line.startswith("power: 16 test pairs at the planning sd 0.03 find a true Δ of 0.02 with probability 0.70")
+    assert power_paired_t(0.02, 0.03, 16) >= 0.70 > power_paired_t(0.02, 0.03, 15)
+    plan = plan_text(tmp_path, planning_difference=0.02, planning_power=0.9)
+    main(["study", str(plan), "--out", str(tmp_path / "s"), "--dry-run"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("power: 2 test pairs at the planning sd 0.03")
+    assert out[-1].endswith("below the declared planning_power 0.9: 26 pairs would reach it")

@@ -18,6 +18,7 @@ from nlq.errors import UserError
 from nlq.fileio import read_json
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.plan import Plan
+from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.study import Run, Study
 from nlq.studies.wsd import wsd_chain
 
@@ -136,6 +137,24 @@ def selected_lrs(study: Study, study_dir: Path):
         raise UserError(f"every lr of {', '.join(out)} diverged in the selection; the test cannot run (the "
                         "pre-registration says so); nlq report shows the selection")
     return chosen
+
+
+def power_text(s: dict) -> str:
+    """What the plan's number of test pairs buys at its planning sd (for --dry-run, before anything runs): the
+    paired t test's power to find the planning difference (the margin where none is declared), and the
+    equivalence test's power to show equivalence within the margin when there is no difference."""
+    n, sd = len(s["seeds"]), s["planning_sd"]
+    effect = s.get("planning_difference", s["margin"])
+    power = power_paired_t(effect, sd, n, s["confidence"])
+    text = (f"power: {n} test pairs at the planning sd {sd:g} find a true Δ of {effect:g} with probability "
+            f"{power:.2f} (paired t, {s['confidence']:.0%} interval) and show equivalence within ±{s['margin']:g} "
+            f"with probability {power_equivalence(0.0, sd, n, s['margin'], s['alpha']):.2f} when the true Δ is 0")
+    wanted = s.get("planning_power")
+    if wanted is not None and power < wanted:
+        needed = pairs_needed(effect, sd, wanted, s["confidence"])
+        text += (f"; below the declared planning_power {wanted:g}: " + (f"{needed} pairs would reach it" if needed
+                                                                      else "no number of pairs reaches it"))
+    return text
 
 
 def plan_study(plan: Plan) -> Study:

@@ -16,6 +16,7 @@ from nlq.errors import UserError
 def study_command(name: str, out: str, data: str | None, overrides: list[str], shard: str | None,
                   shards: int | None, dry_run: bool) -> None:
     """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
+    from nlq.studies.engine import power_text
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.study import parse_shard, plan_text, run_study
 
@@ -32,6 +33,8 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
         if dry_run:
             for one in chosen:
                 print(plan_text(study, out, overrides, data_dir=data, shard=one))
+            if study.plan is not None:
+                print(power_text(study.settings))
             return
         run_study(study, out, overrides, data_dir=data, shard=chosen[0])
     build_report(out)
