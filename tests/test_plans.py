@@ -124,6 +124,7 @@ def test_a_users_tiny_plan_runs_end_to_end_and_its_report_shows_the_decision(byt
     report = (out / "report.md").read_text()
     assert "**Verdict: mine " in report or "**Verdict: no effect" in report or "**Verdict: inconclusive" in report
     assert "Decision rule: the interval below 0: mine better" in report
+    assert "equivalence shown: no effect beyond ±0.037 nats" in report and "the paper's size" not in report
     described = json.loads((out / "study.json").read_text())
     assert described["plan_hash"] and described["plan"]["design"]["seeds"] == [1, 2]
     summaries = [json.loads(p.read_text()) for p in (out / "runs").glob("*tpp2*/summary.json")]
@@ -185,6 +186,8 @@ def test_a_changed_plan_is_refused_against_its_study_directory_naming_the_field(
     (lambda r: r["design"].update(margin="0.037"), "design.margin is '0.037'"),
     (lambda r: r["design"].update(lrs=[1e-3, 2e-3]), "design.lr is not a field of this design"),
     (lambda r: r["design"].update(primary_tpp=7), "design.primary_tpp is 7"),
+    (lambda r: r["design"].update(budgets_tpp=[20, 5], primary_tpp=5), "in increasing order (each one continues"),
+    (lambda r: r["design"].update(budgets_tpp=[5, 5]), "list each budget once"),
     (lambda r: r["arms"][1].update(model={"query": "nope"}), "arms[1] (residual) sets a bad value"),
     (lambda r: r["base"].update(preset="huge"), "base.preset is 'huge'"),
     (lambda r: r["arms"].append({"name": "linear"}), "arms repeat a name (linear)"),

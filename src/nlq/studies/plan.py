@@ -201,6 +201,10 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
         fail("design.shape", f"is {shape!r}; give {{n_layer = L, n_head = H, n_embd = D}} as positive integers")
     if not d["budgets_tpp"] or not all(isinstance(b, (int, float)) and b > 0 for b in d["budgets_tpp"]):
         fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; give positive tokens-per-parameter budgets")
+    ordered = sorted(set(d["budgets_tpp"]))
+    if ordered != d["budgets_tpp"]:
+        fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; list each budget once, in increasing order (each one "
+                                   f"continues the stable run of the one before), e.g. {ordered!r}")
     if d["primary_tpp"] not in d["budgets_tpp"]:
         fail("design.primary_tpp", f"is {d['primary_tpp']!r}, not one of design.budgets_tpp {d['budgets_tpp']!r}")
     seeds("seeds")

@@ -29,6 +29,17 @@ def build_plan_report(study_dir: Path, study: dict) -> str:
     return grid_report(study_dir, study) if has_grid(study["settings"]) else one_lr_report(study_dir, study)
 
 
+REGISTERED_WORDS = {"verdict", "verdict-lr"}  # their pre-registrations (docs/RESULTS.md) named the margin so
+
+
+def no_effect(study: dict) -> str:
+    """The words of the decision rule for equivalence shown: the margin stood for the paper's claimed gain in the
+    shipped pre-registrations; a plan of one's own says the margin itself."""
+    if study["name"] in REGISTERED_WORDS:
+        return "no effect of the paper's size"
+    return f"no effect beyond ±{study['settings']['margin']:g} nats"
+
+
 # ---- a plan with one lr for every arm ---------------------------------------------------------------------------
 
 def one_lr_report(study_dir: Path, study: dict) -> str:
@@ -47,7 +58,7 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
              f"{len(seeds)} pairs (seeds {seeds[0]}-{seeds[-1]}), fixed in advance. Analysis: the mean Δ with its "
              f"{s['confidence']:.0%} paired t interval; the equivalence test (two one-sided t tests at "
              f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
-             f"above 0: {method} worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
+             f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
              f"inconclusive.", ""]
     pairs = pairs_of(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
     finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
@@ -58,7 +69,8 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it "
                   "shows.", ""]
         return write_outcome(study_dir, lines, outcome)
-    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method)
+    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method,
+                      no_effect(study))
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": primary_tpp, "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
@@ -192,7 +204,7 @@ def grid_report(study_dir: Path, study: dict) -> str:
     s = study["settings"]
     arms = s["primary"] + s["secondary"]
     baseline, method = s["primary"]
-    lines = header(study) + ["## The pre-registered test", "", design_text(s), "", "## Selection", ""]
+    lines = header(study) + ["## The pre-registered test", "", design_text(study), "", "## Selection", ""]
     picked = endpoints(study_dir, study, s["selection_seeds"])
     chosen = selection(picked, s, arms)
     curve = lr_curve(picked, s, arms)
@@ -229,7 +241,8 @@ def grid_report(study_dir: Path, study: dict) -> str:
         lines += [f"{len(pairs) + len(diverged)} of {len(s['seeds'])} test pairs have ended. The test is computed once "
                   "all have: no endpoint is shown before."]
         return write_outcome(study_dir, lines, outcome)
-    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method)
+    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method,
+                      no_effect(study))
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": s["primary_tpp"], "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}
@@ -247,7 +260,8 @@ def grid_report(study_dir: Path, study: dict) -> str:
     return write_outcome(study_dir, lines, outcome)
 
 
-def design_text(s: dict) -> str:
+def design_text(study: dict) -> str:
+    s = study["settings"]
     baseline, method = s["primary"]
     return (f"Selection: the arms {', '.join(s['primary'] + s['secondary'])} at peak lr "
             f"{', '.join(f'{lr:g}' for lr in s['lrs'])} (min lr = peak x {s['min_lr_ratio']:g}) on seeds "
@@ -260,7 +274,7 @@ def design_text(s: dict) -> str:
             f"Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed (positive: {method} worse); the "
             f"mean Δ with its {s['confidence']:.0%} paired t interval and the equivalence test (two one-sided t tests "
             f"at {s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
-            f"above 0: {method} worse; otherwise equivalence shown: no effect of the paper's size; otherwise "
+            f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
             f"inconclusive. A test pair with a diverged run leaves the test and is listed.")
 
 

@@ -97,10 +97,11 @@ VERDICTS = {
 
 
 def decide(differences: list[float], margin: float, confidence: float = 0.95, alpha: float = 0.05,
-           method: str = "nonlinear") -> dict:
+           method: str = "nonlinear", equivalent_words: str | None = None) -> dict:
     """The pre-registered decision on paired differences (variant - baseline): the confidence interval below 0
-    is 'better', above 0 'worse'; otherwise equivalence within +-margin (TOST at alpha) is 'equivalent'; else
-    'inconclusive'. Returns the interval, the equivalence test, the verdict key and its words."""
+    is 'better', above 0 'worse'; otherwise equivalence within +-margin (TOST at alpha) is 'equivalent'
+    (equivalent_words say it, VERDICTS' by default); else 'inconclusive'. Returns the interval, the equivalence
+    test, the verdict key and its words."""
     interval = paired_difference(differences, [0.0] * len(differences), confidence)
     tost = equivalence_test(differences, margin, alpha)
     if interval["high"] < 0:
@@ -111,7 +112,7 @@ def decide(differences: list[float], margin: float, confidence: float = 0.95, al
         key = "equivalent"
     else:
         key = "inconclusive"
-    words = VERDICTS[key].replace("nonlinear", method)
+    words = (equivalent_words or VERDICTS[key]) if key == "equivalent" else VERDICTS[key].replace("nonlinear", method)
     if key in ("better", "worse") and tost["equivalent"]:
         words += f", by less than {margin:g} (equivalence within ±{margin:g} also shown)"
     return {"interval": interval, "tost": tost, "verdict": key, "words": words}

@@ -52,6 +52,8 @@ def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, wid
     process (the runs share the group of the stable run). branch: more changes for the branches. lr_in_name:
     the runs' names carry the lr (for studies with chains of one variant and seed at several lrs)."""
     steps = [budget_steps(study.base, shape, tpp) for tpp in budgets_tpp]
+    if sorted(set(steps)) != steps:  # each level continues the stable run where the one before stopped
+        raise ValueError(f"budgets_tpp {budgets_tpp} must give increasing step counts, got {steps}")
     longest = max(steps)
     named_lr = lr if lr_in_name else None
     stable = Run(study, variant, seed, named_lr, tag=width, suffix="-stable")  # for its name
