@@ -45,7 +45,7 @@ class PlainLinear(Projection):
 
 
 register_projection("tanh-query", TanhQuery)
-register_projection("plain-linear", PlainLinear)
+register_projection("plain-linear")(PlainLinear)  # the decorator form
 '''
 
 

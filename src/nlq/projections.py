@@ -191,9 +191,15 @@ BUILT_IN = frozenset(PROJECTIONS)  # nlq's own: what an export ships and what a 
 OWN_HINT = "a projection of your own is registered by a module named in NLQ_IMPORT or in a plan's imports"
 
 
-def register_projection(name: str, cls: type[nn.Module]) -> None:
-    """Make cls trainable as model.query=name (and model.projections.k/v/o=name). Registering a name again
-    replaces the earlier class (a module imported twice); nlq's own names cannot be replaced."""
+def register_projection(name: str, cls: type[nn.Module] | None = None):
+    """Make cls trainable as model.query=name (and model.projections.k/v/o=name); without cls, a class decorator
+    that does it (`@register_projection("mine")`). Registering a name again replaces the earlier class (a module
+    imported twice); nlq's own names cannot be replaced."""
+    if cls is None:
+        def decorate(cls: type[nn.Module]) -> type[nn.Module]:
+            register_projection(name, cls)
+            return cls
+        return decorate
     if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
         raise ValueError(f"projection name {name!r}: use lower-case letters, digits, '_' or '-', starting with a "
                          f"letter")
