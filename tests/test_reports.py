@@ -188,6 +188,33 @@ def test_report_collect_copies_the_finished_runs_without_checkpoints_and_reports
     assert (tmp_path / "results" / "report.md").is_file() and "finished runs ->" in capsys.readouterr().out
 
 
+def test_collect_keeps_a_stable_run_back_until_its_chain_has_ended(tmp_path):
+    """A copy holds no checkpoints: a WSD stable run whose budget branch has not finished is not copied yet (a study
+    resumed from the copy would find it finished and its branch without the checkpoint to start from)."""
+    from nlq.studies.collect import collect
+
+    study = tmp_path / "study"
+    chain = {"variant": "linear", "lr": 2e-3, "width": "d64"}
+    runs = [{"name": "d64-linear-s1-stable", "seed": 1, "stage": "stable", **chain},
+            {"name": "d64-tpp10-linear-s1", "seed": 1, "stage": "budget", "tpp": 10, **chain},
+            {"name": "d64-tpp20-linear-s1", "seed": 1, "stage": "budget", "tpp": 20, **chain},
+            {"name": "d64-linear-s2-stable", "seed": 2, "stage": "stable", **chain},
+            {"name": "d64-tpp10-linear-s2", "seed": 2, "stage": "budget", "tpp": 10, **chain},
+            {"name": "d64-tpp20-linear-s2", "seed": 2, "stage": "budget", "tpp": 20, **chain}]
+    study.mkdir()
+    (study / "study.json").write_text(json.dumps({"name": "x", "runs": runs}))
+    for run in runs:
+        if run["name"] == "d64-tpp20-linear-s1":  # seed 1's chain: its last branch still training
+            continue
+        folder = study / "runs" / run["name"]
+        folder.mkdir(parents=True)
+        for name in ("config.json", "summary.json", "metrics.jsonl"):
+            (folder / name).write_text("{}\n")
+    assert collect(study, tmp_path / "out") == 4
+    assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == [
+        "d64-linear-s2-stable", "d64-tpp10-linear-s1", "d64-tpp10-linear-s2", "d64-tpp20-linear-s2"]
+
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 COMMITTED = sorted(p.parent.name for p in RESULTS.glob("*/study.json")) if RESULTS.is_dir() else []
 

@@ -1,6 +1,8 @@
 """Copy a study's small files into the repository (results/NAME), enough for `nlq report` to regenerate its
 report from them: study.json, report.md, results.csv, plots, and per finished run config.json, summary.json
-and metrics.jsonl thinned to its evaluations plus every `every`-th training step. No checkpoints or weights.
+and metrics.jsonl thinned to its evaluations plus every `every`-th training step. No checkpoints or weights, so
+a WSD chain's stable run is copied only once its budget branches have all finished: a study resumed from the copy
+could not branch them from it, and trains the whole chain again instead.
 
     nlq report STUDY_DIR --collect results/NAME     (copies, then writes the report there)
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+
+from nlq.fileio import read_json
 
 
 def thin(source: Path, every: int) -> str:
@@ -24,15 +28,29 @@ def thin(source: Path, every: int) -> str:
     return "\n".join(keep) + "\n"
 
 
+def branch_sources(study_dir: Path) -> set[str]:
+    """The stable runs (study.json's stage "stable") of the WSD chains whose budget branches have not all finished:
+    their checkpoints are still needed."""
+    path = study_dir / "study.json"
+    runs = read_json(path, "the study's description").get("runs", []) if path.is_file() else []
+
+    def chain(r: dict) -> tuple:
+        return r.get("variant"), r.get("seed"), r.get("lr"), r.get("width")
+
+    open_chains = {chain(r) for r in runs if r.get("stage") == "budget"
+                   and not (study_dir / "runs" / r["name"] / "summary.json").is_file()}
+    return {r["name"] for r in runs if r.get("stage") == "stable" and chain(r) in open_chains}
+
+
 def collect(study_dir: Path, out: Path, every: int = 100) -> int:
     """Copy the study's small files and its finished runs into out; return how many runs were copied."""
     out.mkdir(parents=True, exist_ok=True)
     for path in study_dir.iterdir():
         if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith("."):
             shutil.copy2(path, out / path.name)
-    copied = 0
+    copied, waiting = 0, branch_sources(study_dir)
     for run in sorted((study_dir / "runs").iterdir()):
-        if not (run / "summary.json").is_file():
+        if not (run / "summary.json").is_file() or run.name in waiting:
             continue
         target = out / "runs" / run.name
         target.mkdir(parents=True, exist_ok=True)
