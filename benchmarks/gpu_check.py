@@ -1,4 +1,4 @@
-"""All GPU checks in one command (at most about 8 minutes on one H100/H200), results in files it names.
+"""All GPU checks in one command (at most about 10 minutes on one H100/H200), results in files it names.
 
     python benchmarks/gpu_check.py --out OUT_DIR [--data DATA_DIR] [--dry-run]
 
@@ -12,6 +12,10 @@
                                                                               -> OUT/loss_head.json/.txt
 4. a short real training (GPT-3 small shape, 300 steps, bf16, compiled) on DATA_DIR (prepared on the CPU
    machine and carried along), or on python-stdlib prepared there           -> OUT/train_metrics.jsonl
+5. the verdict studies' shape on one GPU (d 64, 2 layers, batch 16 x 128, fp32) as `nlq study ... --shards 14`
+   runs it: 14 `nlq train` processes at once, 300 steps each, on the same data (its vocabulary, 8192, is 4x
+   the studies' 2048): the summed tokens/s, and from it the hours verdict-lr's 3.67G tokens would take
+                                                                              -> OUT/shared_gpu.json
 Then OUT/summary.json and OUT/summary.md. --dry-run runs the same steps on the CPU with tiny shapes (the
 GPU tests skip), to check the script itself.
 """
@@ -66,6 +70,42 @@ def environment() -> str:
     else:
         lines.append("gpu: none (dry run on the CPU)")
     return "\n".join(lines)
+
+
+def shared_gpu(py: str, data: str, out: Path, processes: int, dry_run: bool) -> dict:
+    """`processes` nlq train runs of the d-64 study shape at once on this machine's device (as --shards does):
+    their summed median tokens/s over the steps after the first 50 (compilation and start-up left out)."""
+    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"nlq-gpu-shared-{os.getpid()}"
+    device = "cpu" if dry_run else "cuda"
+    steps = 60 if dry_run else 300
+    command = [py, "-m", "nlq", "train", "--data", data, "--preset", "micro", "--model.n_layer=2",
+               "--model.n_embd=64", "--model.n_head=4", "--model.vocab_size=8192", "--train.batch_size=16",
+               f"--train.max_steps={steps}", f"--train.eval_every={steps}", "--data.eval_windows=16",
+               "--train.log_every=1", f"--train.device={device}", "--train.dtype=float32"]
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               OMP_NUM_THREADS="1")
+    start = time.perf_counter()
+    with open(out / "shared_gpu.txt", "w") as log:
+        children = [subprocess.Popen([*command, "--out", str(root / f"p{k}")], cwd=ROOT, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT) for k in range(processes)]
+        try:
+            codes = [child.wait(timeout=240) for child in children]
+        except subprocess.TimeoutExpired:
+            for child in children:
+                child.kill()
+            codes = [124]
+    rates = []
+    for k in range(processes):
+        metrics = root / f"p{k}" / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        steady = sorted(r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > 50)
+        rates.append(steady[len(steady) // 2] if steady else 0.0)
+    total = sum(rates)
+    result = {"exit_code": max(codes), "seconds": round(time.perf_counter() - start, 1), "processes": processes,
+              "steps": steps, "tokens_per_s_each": [round(r) for r in rates], "tokens_per_s": round(total),
+              "verdict_lr_hours": round(3.67e9 / total / 3600, 2) if total else None}
+    (out / "shared_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def main() -> None:
@@ -132,6 +172,7 @@ def main() -> None:
                            "median_tokens_per_s": sorted(r["tokens_per_s"] for r in records
                                                          if "tokens_per_s" in r)[len(losses) // 2] if losses else None,
                            "mfu": [r["mfu"] for r in records if "mfu" in r][-1:] or None}
+    summary["shared_gpu"] = shared_gpu(py, data, out, processes=2 if args.dry_run else 14, dry_run=args.dry_run)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = ["# GPU check", "", "```", env_text, "```", "", f"- tests: {summary['gpu_tests']['last_line']}"]
     for name, result in (summary["throughput"].get("variants") or {}).items():
@@ -142,11 +183,16 @@ def main() -> None:
     t = summary["training"]
     lines.append(f"- training: {t['steps']} steps, train loss {t['first_train_loss']} -> {t['last_train_loss']}, "
                  f"val {t['val_losses']}, all finite: {t['all_finite']}")
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
     for name, row in (summary["loss_head"].get("impls") or {}).items():
         lines.append(f"- loss head {name}: {row['ms']:.2f} ms, +{row['extra_peak_mb']:,.0f} MB peak")
-    failed = [k for k in ("gpu_tests", "throughput", "loss_head", "training") if summary[k]["exit_code"] not in (0, 5)]
+    g = summary["shared_gpu"]
+    lines.append(f"- {g['processes']} processes of the d-64 study shape sharing the device: "
+                 f"{g['tokens_per_s']:,.0f} tokens/s in all; verdict-lr's 3.67G tokens in about "
+                 f"{g['verdict_lr_hours']} h")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    failed = [k for k in ("gpu_tests", "throughput", "loss_head", "training", "shared_gpu")
+              if summary[k]["exit_code"] not in (0, 5)]
     sys.exit(1 if failed else 0)
 
 
