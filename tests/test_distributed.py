@@ -1,5 +1,6 @@
 """Data-parallel (DDP) and sharded (FSDP2) training on CPU with the gloo backend, 2 processes under torchrun."""
 
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,9 @@ def test_checkpoint_from_two_processes_resumes_in_one(byte_data, tmp_path, strat
     result = torchrun("train", "--data", byte_data, "--out", tmp_path / "run", *TINY, "--train.max_steps=3",
                       "--train.decay_steps=6", f"--dist.strategy={strategy}")
     assert result.returncode == 0, result.stderr[-3000:]
+    # the loss of a CPU run on a corpus is PyTorch's chunked linear cross-entropy (train.loss_impl=auto), here under
+    # DDP and FSDP2 too
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["loss_impl"] == "chunked"
     single(byte_data, tmp_path / "run", "--train.decay_steps=6", f"--dist.strategy={strategy}", resume=True)
     single(byte_data, tmp_path / "straight", "--train.decay_steps=6", f"--dist.strategy={strategy}")
     assert_same_curve(curve(tmp_path / "run"), curve(tmp_path / "straight"))
