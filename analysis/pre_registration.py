@@ -12,13 +12,19 @@ parameter (results/verdict) with its upper one-sided 80% bound; then the power o
 true difference of 0.02 nats (verdict-lr's planning difference) and of the equivalence test at the margin, for
 several sds and numbers of pairs, and the fewest pairs with at least 70% power at the planning sd 0.03.
 
-    python analysis/pre_registration.py [--study verdict-lr]
+With --pace N: the time verdict-lr's first N chains took (a chain: a stable run and its cooldown branch; from
+the start and end each run's summary.json records in results/verdict-lr), and what the rest of the study takes
+at that pace as two shards (the amendment's record of its cost).
+
+    python analysis/pre_registration.py [--study verdict-lr] [--pace N]
 """
 
 import argparse
 import csv
+import datetime
 import json
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -47,10 +53,48 @@ def pooled_paired_sd(path: Path) -> tuple[float, int]:
     return math.sqrt(squares / df), df
 
 
+def chain_minutes(study_dir: Path) -> list[tuple[str, float]]:
+    """(start, minutes) of every finished chain of a WSD study, in the order they started: the stable run's and its
+    branch's wall time (end - start of the process that finished each) added up."""
+    runs = json.loads((study_dir / "study.json").read_text())["runs"]
+    chains = defaultdict(list)
+    for run in runs:
+        path = study_dir / "runs" / run["name"] / "summary.json"
+        record = json.loads(path.read_text())["record"] if path.is_file() else None
+        chains[(run["variant"], run["seed"], run["lr"], run.get("width"))].append(record)
+    out = []
+    for records in chains.values():
+        if all(records):
+            times = [(datetime.datetime.fromisoformat(r["started_utc"].replace("Z", "+00:00")),
+                      datetime.datetime.fromisoformat(r["ended_utc"].replace("Z", "+00:00"))) for r in records]
+            out.append((min(t[0] for t in times).isoformat(),
+                        sum((end - start).total_seconds() for start, end in times) / 60))
+    return sorted(out)
+
+
+def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 124, shards: int = 2) -> None:
+    minutes = sorted(m for _, m in chain_minutes(study_dir)[:n])
+    if len(minutes) < n:
+        raise SystemExit(f"only {len(minutes)} chains of {study_dir} have finished")
+    waited = [m for m in minutes if m > 60]  # a chain whose shard was paused for another job
+    ran = [m for m in minutes if m <= 60]
+    fastest = ran[: max(1, len(ran) // 3)]
+    left = total_chains - n
+    print(f"first {n} chains: {len(ran)} ran {min(ran):.1f} to {max(ran):.1f} min per chain per shard (median "
+          f"{statistics.median(ran):.1f}; the fastest third {min(fastest):.1f} to {max(fastest):.1f}, mean "
+          f"{statistics.mean(fastest):.1f}); {len(waited)} waited on a paused shard "
+          f"({', '.join(f'{m:.1f}' for m in waited)})")
+    for label, per_chain in (("fastest third", statistics.mean(fastest)), ("median", statistics.median(ran))):
+        print(f"the {left} chains left as {shards} shards at the {label} pace: {left * per_chain / shards / 60:.1f} h")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--study", choices=["verdict", "verdict-lr"], default="verdict")
+    parser.add_argument("--pace", type=int, metavar="N", help="the pace of verdict-lr's first N chains, then exit")
     args = parser.parse_args()
+    if args.pace:
+        return pace(args.pace)
     if args.study == "verdict":
         sd, df = pooled_paired_sd(SHARED_LR)
         source, pairs, sds = f"pooled paired sd of {SHARED_LR.parent.name}", [10, 12, 14, 16], (0.03, 0.04, 0.045, 0.05)

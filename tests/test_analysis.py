@@ -53,6 +53,19 @@ def test_pre_registration_gives_the_planning_sd_and_the_number_of_pairs_results_
     assert row.split("|")[4].strip().startswith("70%")  # 16 pairs, as the amendment says
 
 
+def test_the_pace_of_verdict_lrs_first_chains_is_what_its_record_quotes():
+    """The amendment's record of verdict-lr's cost: chain times from the committed run records."""
+    out = run("pre_registration.py", "--pace", "12")
+    quoted = " ".join(RESULTS_MD.read_text().split())
+    low, high, median, fast_low, fast_high, fast_mean = re.search(
+        r"11 ran (\d+\.\d) to (\d+\.\d) min per chain per shard \(median (\d+\.\d); the fastest third "
+        r"(\d+\.\d) to (\d+\.\d), mean (\d+\.\d)\); 1 waited", out).groups()
+    assert (f"took {low} to {high} minutes per shard, median {median}, over 11 chains" in quoted
+            and f"the fastest third took {fast_low} to {fast_high} (mean {fast_mean})" in quoted)
+    hours = re.findall(r"at the (?:fastest third|median) pace: (\d+\.\d) h", out)
+    assert f"about {hours[0]} and {hours[1]} hours as two shards" in quoted
+
+
 @pytest.mark.slow
 def test_holm_from_printed_tables_recovers_the_p_values_of_the_intervals(tmp_path):
     """analysis/what_changed_in_the_reports.py: p values recomputed from a table's printed mean and interval match
