@@ -93,3 +93,12 @@ def test_combinations_that_cannot_work_are_one_line_errors(byte_data, tmp_path, 
     with pytest.raises(UserError, match=needle) as error:
         train(config, tmp_path / "run", quiet=True)
     assert "\n" not in str(error.value) and not (tmp_path / "run").exists()
+
+
+def test_the_model_called_directly_refuses_liger_off_cuda_in_one_line():
+    """A user's own loop calls the model, not the trainer: the same one-line error, before any kernel is sought."""
+    model = Transformer(tiny_model_config(), seed=0)
+    idx = torch.randint(0, 97, (2, 16))
+    with pytest.raises(UserError, match="CUDA kernel and this run is on cpu") as error:
+        model(idx, idx, loss_impl="liger")
+    assert "\n" not in str(error.value)

@@ -8,6 +8,7 @@ LLaMA-style options: QK-norm, rotary positions, grouped-query attention.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 
 import torch
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nlq.config import ModelConfig
+from nlq.errors import UserError
 from nlq.projections import build_projection
 
 
@@ -168,11 +170,24 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def check_loss_impl(impl: str, device: torch.device) -> None:
+    """A one-line error where the loss impl cannot run on this device with this install (plain always can)."""
+    if impl == "chunked" and not hasattr(F, "linear_cross_entropy"):
+        raise UserError(f"train.loss_impl=chunked needs torch >= 2.13 (F.linear_cross_entropy); this is torch "
+                        f"{torch.__version__}: upgrade torch or use train.loss_impl=plain")
+    if impl == "liger" and device.type != "cuda":
+        raise UserError(f"train.loss_impl=liger is Liger-Kernel's CUDA kernel and this run is on {device.type}; use "
+                        f"train.loss_impl=chunked (PyTorch's own) there")
+    if impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        raise UserError("train.loss_impl=liger needs Liger-Kernel: pip install 'nlq[liger]' (or liger-kernel)")
+
+
 def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, impl: str,
               chunk: int) -> torch.Tensor:
     """Mean cross-entropy of hidden (N, C) @ weight (V, C).T against targets (N,), without storing the (N, V)
     logits: "chunked" is PyTorch's own F.linear_cross_entropy over chunks of rows; "liger" is Liger-Kernel's fused
     kernel (CUDA only; pip install liger-kernel)."""
+    check_loss_impl(impl, hidden.device)
     if impl == "chunked":
         return F.linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index,
                                       options=torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk))

@@ -9,7 +9,6 @@ beside it.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import time
 from dataclasses import asdict
@@ -24,7 +23,7 @@ from nlq.errors import Diverged, PeerFailure, UserError
 from nlq.fileio import remove_stale
 from nlq.interop.load import load_initial_weights
 from nlq.lock import directory_lock
-from nlq.model import Transformer
+from nlq.model import Transformer, check_loss_impl
 from nlq.projections import own_sources
 from nlq.provenance import code_version, tensor_hash, utc_now
 from nlq.runs import checkpoint as ckpt
@@ -60,14 +59,7 @@ def loss_impl(config: RunConfig, scores_answers: bool, device: torch.device) -> 
     if impl != "plain" and scores_answers:
         raise UserError(f"train.loss_impl={impl} never builds the logits, and data.task={config.data.task} scores its "
                         f"answers from them; use train.loss_impl=plain (or auto)")
-    if impl == "chunked" and not chunked_here:
-        raise UserError(f"train.loss_impl=chunked needs torch >= 2.13 (F.linear_cross_entropy); this is torch "
-                        f"{torch.__version__}: upgrade torch or use train.loss_impl=plain")
-    if impl == "liger" and device.type != "cuda":
-        raise UserError(f"train.loss_impl=liger is Liger-Kernel's CUDA kernel and this run is on {device.type}; use "
-                        f"train.loss_impl=chunked (PyTorch's own) there")
-    if impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
-        raise UserError("train.loss_impl=liger needs Liger-Kernel: pip install 'nlq[liger]' (or liger-kernel)")
+    check_loss_impl(impl, device)
     return impl
 
 
