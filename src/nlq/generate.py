@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import torch
 
-from nlq.model import Transformer
+from nlq.model import KVCache, Transformer
 
 
 @torch.no_grad()
 def generate(model: Transformer, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, generator: torch.Generator | None = None,
-             vocab_limit: int | None = None) -> torch.Tensor:
+             vocab_limit: int | None = None, use_cache: bool = True) -> torch.Tensor:
     """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. vocab_limit: draw only
-    ids below it (the tokenizer's vocabulary when the model's is padded)."""
+    ids below it (the tokenizer's vocabulary when the model's is padded). The model sees the last block_size
+    tokens. use_cache: keep each layer's keys and values (KVCache), so a step feeds the new token alone, not the
+    whole context; once the context outgrows block_size every position shifts, and each step reads the whole
+    window again, as without a cache. Either way the same tokens, up to float rounding in the logits."""
+    block = model.cfg.block_size
+    cache = KVCache(len(model.blocks)) if use_cache and model.cfg.causal else None
     for _ in range(max_new_tokens):
-        context = idx[:, -model.cfg.block_size:]
-        logits = model(context)[0][:, -1, :vocab_limit]  # (B, V)
+        if cache is None or idx.size(1) > block:
+            cache = None if cache is None else KVCache(len(model.blocks))  # the window slid: start it afresh
+            context = idx[:, -block:]
+        else:
+            context = idx[:, cache.length:]
+        logits = model(context, cache=cache)[0][:, -1, :vocab_limit]  # (B, V)
         if temperature == 0:
             next_id = logits.argmax(dim=-1, keepdim=True)
         else:

@@ -35,6 +35,37 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+class LayerCache:
+    """One layer's keys and values (B, n_kv_head, T, hs) of the tokens seen so far, after QK-norm and rotary."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.size(2)
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new tokens' keys and values; returns all of them."""
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding (generate.py): Transformer.forward(idx, cache=c)
+    reads the tokens before idx from c, appends idx's own, and places idx at the positions after them."""
+
+    def __init__(self, n_layer: int):
+        self.layers = [LayerCache() for _ in range(n_layer)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -87,7 +118,8 @@ class Attention(nn.Module):
         return [_finish(p, x, next(slices) if w is not None else None) for p, w in zip(projections, weights)]
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         projected = self._project_inputs(x)
         q = projected[0]  # (B, T, C)
@@ -105,6 +137,11 @@ class Attention(nn.Module):
             k = self.k_norm(k * k_scale if k_scale != 1.0 else k)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if cache is not None:
+            past = cache.length
+            k, v = cache.extend(k, v)  # (B, nkv, past + T, hs)
+            if past and self.causal:  # query i sits at position past + i and sees every key up to it
+                attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
         if self.n_kv_head != self.n_head:  # grouped-query attention: each kv head serves n_head / n_kv_head queries
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
@@ -165,8 +202,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rotary=None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), attn_mask, rotary)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rotary=None,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), attn_mask, rotary, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -246,19 +284,25 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         loss_impl: str = "plain",
         loss_chunk: int = 512,
+        cache: KVCache | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids; targets (B, T) or None; padding_mask (B, T) bool, True at real tokens;
         positions (B, T) each token's position (left padding shifts them), default 0 .. T - 1.
         Returns logits (B, T, V) and the mean cross-entropy over targets != ignore_index (or None).
         loss_impl (with targets): "plain" builds the logits; "chunked" (PyTorch's F.linear_cross_entropy, rows in
-        chunks of loss_chunk) and "liger" (Liger-Kernel's fused kernel, CUDA) never store them and return None."""
+        chunks of loss_chunk) and "liger" (Liger-Kernel's fused kernel, CUDA) never store them and return None.
+        cache (a causal model, no padding_mask): idx follows the cache.length tokens the cache holds (their keys
+        and values), at the positions after them; idx's own are appended (KVCache; generate.py)."""
         B, T = idx.shape
-        if T > self.cfg.block_size:
-            raise ValueError(f"sequence of {T} tokens is longer than model.block_size={self.cfg.block_size}")
+        past = 0 if cache is None else cache.length
+        if past + T > self.cfg.block_size:
+            raise ValueError(f"sequence of {past + T} tokens is longer than model.block_size={self.cfg.block_size}")
+        if cache is not None and (padding_mask is not None or not self.cfg.causal):
+            raise ValueError("a KV cache serves a causal model without a padding mask")
         x = self.tok_emb(idx)  # (B, T, C)
         rotary = None
         if positions is None:
-            positions = torch.arange(T, device=idx.device)  # (T,), the same for every row
+            positions = torch.arange(past, past + T, device=idx.device)  # (T,), the same for every row
         if self.cfg.position == "learned":
             x = x + self.pos_emb(positions)
         elif positions.dim() == 1:
@@ -267,8 +311,8 @@ class Transformer(nn.Module):
             rotary = (self.rope_cos[positions][:, None], self.rope_sin[positions][:, None])
         x = self.drop(x)
         attn_mask = self._attention_mask(padding_mask, T)
-        for block in self.blocks:
-            x = block(x, attn_mask, rotary)
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn_mask, rotary, None if cache is None else cache.layers[i])
         x = self.ln_f(x)  # (B, T, C)
         if targets is not None and loss_impl != "plain":
             return None, head_loss(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1), ignore_index,
