@@ -2,7 +2,10 @@
 
 The research axis is which projection (projections.py) computes the query — and, beyond the paper, the
 key, value and attention output. Keys and values default to one linear d -> 2 d_kv projection.
-LLaMA-style options: QK-norm, rotary positions, grouped-query attention.
+LLaMA-style options: QK-norm, rotary positions, grouped-query attention; a KV cache for incremental decoding.
+
+lines: the whole model stays in this one file, as nanoGPT keeps it: it reads top to bottom, and `nlq export`
+ships it as it is into a Hugging Face directory (interop/remote), where the exported model runs this very code.
 """
 
 from __future__ import annotations
