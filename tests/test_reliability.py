@@ -50,6 +50,7 @@ BAD_INPUTS = [
     ("negative temperature", lambda d, r, t: ["sample", r, "--prompt", "a", "--temperature", "-1"],
      "finite number >= 0"),
     ("negative sampling seed", lambda d, r, t: ["sample", r, "--prompt", "a", "--seed", "-3"], "--seed -3"),
+    ("no samples", lambda d, r, t: ["sample", r, "--prompt", "a", "--num-samples", "0"], "--num-samples"),
     ("prepare onto a file", lambda d, r, t: ["prepare", "--source", "shakespeare", "--tokenizer", "byte", "--out",
                                              touch(t / "afile"), "--overwrite"], "is a file"),
     ("train onto a file", lambda d, r, t: ["train", "--data", d, "--out", touch(t / "afile"), "--preset", "nano"],

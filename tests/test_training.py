@@ -186,6 +186,9 @@ def test_cli_train_eval_sample(trained_run, tmp_path):
     code2, second, _ = nlq("sample", trained_run / "checkpoints" / "step_0000006.pt", "--prompt", "Shall",
                            "--max-new-tokens", "10", "--seed", "3")
     assert code == code2 == 0 and first == second and first.startswith("Shall")
+    code, several, _ = nlq("sample", trained_run, "--prompt", "Shall", "--max-new-tokens", "10", "--num-samples", "3")
+    samples = several.rstrip("\n").split("\n" + "-" * 40 + "\n")
+    assert code == 0 and len(samples) == 3 and all(s.startswith("Shall") for s in samples)
 
 
 @pytest.mark.slow

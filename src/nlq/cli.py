@@ -126,8 +126,8 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
     if overrides:
         raise UserError(f"nlq sample takes no config overrides (got {' '.join(overrides)})")
 
-    if args.max_new_tokens < 1 or (args.top_k is not None and args.top_k < 1):
-        raise UserError("--max-new-tokens and --top-k must be >= 1")
+    if min(args.max_new_tokens, args.num_samples) < 1 or (args.top_k is not None and args.top_k < 1):
+        raise UserError("--max-new-tokens, --num-samples and --top-k must be >= 1")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise UserError(f"--temperature {args.temperature} must be a finite number >= 0 (0 is greedy)")
     if args.seed < 0:
@@ -138,9 +138,10 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
     tokenizer = run_tokenizer(payload["path"])
     ids = encode_text(tokenizer, args.prompt, "the prompt")
     generator = torch.Generator().manual_seed(args.seed)
-    out = generate(model, torch.as_tensor(ids)[None], args.max_new_tokens, args.temperature, args.top_k, generator,
+    prompts = torch.as_tensor(ids)[None].expand(args.num_samples, -1)
+    out = generate(model, prompts, args.max_new_tokens, args.temperature, args.top_k, generator,
                    vocab_limit=tokenizer.vocab_size)  # a padded model vocabulary has ids no tokenizer can print
-    print(tokenizer.decode(out[0].tolist()))
+    print(f"\n{'-' * 40}\n".join(tokenizer.decode(row.tolist()) for row in out))
 
 
 def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -275,11 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sample", help="generate text from a checkpoint")
     p.add_argument("run", help="run directory or checkpoint file")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=200)
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--prompt", required=True, help="the text every sample continues")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate after the prompt")
+    p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy")
+    p.add_argument("--top-k", type=int, default=200, help="draw from the k most likely tokens only")
+    p.add_argument("--num-samples", type=int, default=1, help="samples drawn together (one batch), printed "
+                                                                "one after another between lines of dashes")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator")
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("study", help="run a named study (variants x seeds x lrs) and write its report")
