@@ -53,9 +53,10 @@ def pooled_paired_sd(path: Path) -> tuple[float, int]:
     return math.sqrt(squares / df), df
 
 
-def chain_minutes(study_dir: Path) -> list[tuple[str, float]]:
-    """(start, minutes) of every finished chain of a WSD study, in the order they started: the stable run's and its
-    branch's wall time (end - start of the process that finished each) added up."""
+def chain_minutes(study_dir: Path) -> list[tuple[str, float, bool]]:
+    """(start, minutes, resumed) of every finished chain of a WSD study, in the order they started: the stable run's
+    and its branch's wall time (end - start of the process that finished each) added up; resumed: a run of the chain
+    was resumed from a checkpoint, so its record holds only the time after the resume."""
     runs = json.loads((study_dir / "study.json").read_text())["runs"]
     chains = defaultdict(list)
     for run in runs:
@@ -68,14 +69,17 @@ def chain_minutes(study_dir: Path) -> list[tuple[str, float]]:
             times = [(datetime.datetime.fromisoformat(r["started_utc"].replace("Z", "+00:00")),
                       datetime.datetime.fromisoformat(r["ended_utc"].replace("Z", "+00:00"))) for r in records]
             out.append((min(t[0] for t in times).isoformat(),
-                        sum((end - start).total_seconds() for start, end in times) / 60))
+                        sum((end - start).total_seconds() for start, end in times) / 60,
+                        any(r.get("resumed_at_step") for r in records)))
     return sorted(out)
 
 
 def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 124, shards: int = 2) -> None:
-    minutes = sorted(m for _, m in chain_minutes(study_dir)[:n])
-    if len(minutes) < n:
-        raise SystemExit(f"only {len(minutes)} chains of {study_dir} have finished")
+    first = chain_minutes(study_dir)[:n]
+    if len(first) < n:
+        raise SystemExit(f"only {len(first)} chains of {study_dir} have finished")
+    minutes = sorted(m for _, m, resumed in first if not resumed)
+    resumed = n - len(minutes)
     waited = [m for m in minutes if m > 60]  # a chain whose shard was paused for another job
     ran = [m for m in minutes if m <= 60]
     fastest = ran[: max(1, len(ran) // 3)]
@@ -83,7 +87,9 @@ def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 1
     print(f"first {n} chains: {len(ran)} ran {min(ran):.1f} to {max(ran):.1f} min per chain per shard (median "
           f"{statistics.median(ran):.1f}; the fastest third {min(fastest):.1f} to {max(fastest):.1f}, mean "
           f"{statistics.mean(fastest):.1f}); {len(waited)} waited on a paused shard "
-          f"({', '.join(f'{m:.1f}' for m in waited)})")
+          f"({', '.join(f'{m:.1f}' for m in waited)})"
+          + (f"; {resumed} resumed from a checkpoint, left out (their records hold only the time after the resume)"
+             if resumed else ""))
     for label, per_chain in (("fastest third", statistics.mean(fastest)), ("median", statistics.median(ran))):
         print(f"the {left} chains left as {shards} shards at the {label} pace: {left * per_chain / shards / 60:.1f} h")
 

@@ -66,6 +66,23 @@ def test_the_pace_of_verdict_lrs_first_chains_is_what_its_record_quotes():
     assert f"about {hours[0]} and {hours[1]} hours as two shards" in quoted
 
 
+def test_the_pace_after_30_chains_is_what_its_record_and_the_readme_quote():
+    """The second record leaves out the chains resumed from a checkpoint (their records hold part of their time)."""
+    out = run("pre_registration.py", "--pace", "30")
+    quoted = " ".join(RESULTS_MD.read_text().split())
+    ran, low, high, median, fast_low, fast_high, fast_mean, resumed = re.search(
+        r"(\d+) ran (\d+\.\d) to (\d+\.\d) min per chain per shard \(median (\d+\.\d); the fastest third "
+        r"(\d+\.\d) to (\d+\.\d), mean (\d+\.\d)\); 1 waited .*; (\d+) resumed from a checkpoint, left out",
+        out).groups()
+    assert (f"{ran} of the first 30 chains took {low} to {high} minutes per shard, median {median}, the fastest third "
+            f"{fast_low} to {fast_high} (mean {fast_mean})" in quoted
+            and f"and {resumed} resumed from a checkpoint" in quoted)
+    hours = re.findall(r"at the (?:fastest third|median) pace: (\d+\.\d) h", out)
+    assert f"about {hours[0]} and {hours[1]} hours as two shards" in quoted
+    readme = (RESULTS_MD.parent.parent / "README.md").read_text()
+    assert f"{fast_mean}-{median} min per chain per shard, measured on its first 30 chains" in readme
+
+
 @pytest.mark.slow
 def test_holm_from_printed_tables_recovers_the_p_values_of_the_intervals(tmp_path):
     """analysis/what_changed_in_the_reports.py: p values recomputed from a table's printed mean and interval match
