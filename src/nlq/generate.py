@@ -19,11 +19,9 @@ def generate(model: Transformer, idx: torch.Tensor, max_new_tokens: int, tempera
     block = model.cfg.block_size
     cache = KVCache(len(model.blocks)) if use_cache and model.cfg.causal else None
     for _ in range(max_new_tokens):
-        if cache is None or idx.size(1) > block:
-            cache = None if cache is None else KVCache(len(model.blocks))  # the window slid: start it afresh
-            context = idx[:, -block:]
-        else:
-            context = idx[:, cache.length:]
+        if cache is not None and idx.size(1) > block:
+            cache = KVCache(len(model.blocks))  # the window slid: every position moved, start it afresh
+        context = idx[:, cache.length:] if cache is not None and cache.length else idx[:, -block:]
         logits = model(context, cache=cache)[0][:, -1, :vocab_limit]  # (B, V)
         if temperature == 0:
             next_id = logits.argmax(dim=-1, keepdim=True)
