@@ -1,6 +1,7 @@
 """nlq outside nlq: the standalone module, HF export/import, the paper's checkpoints, retrofitting HF models.
 Everything is built locally from tiny random configs; nothing is downloaded."""
 
+import functools
 import json
 import math
 import shutil
@@ -565,6 +566,42 @@ def test_batched_left_padded_generation_of_a_custom_export_equals_each_row_alone
         for i, p in enumerate(prompts):
             ids = tokenizer(p, return_tensors="pt")["input_ids"]
             torch.testing.assert_close(batched[i, -ids.shape[1]:], model(ids).logits[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("query", ["nonlinear", "nonlinear --model.qk_norm=true --model.position=rope"])
+def test_a_custom_export_generates_with_transformers_cache_the_tokens_it_generates_without(byte_data, tmp_path, query):
+    """generate() with transformers' own cache (the default) draws, greedy, the tokens of use_cache=False for a
+    left-padded batch, and past block_size (a 15-token prompt and 40 new tokens, block_size 32), where the window
+    slides and is read afresh; and the cache path really is incremental: one token per step after the prompt."""
+    from nlq.interop.export import export_hf
+
+    run = train_small(byte_data, tmp_path / "run", *[f"--model.query={query.split()[0]}", *query.split()[1:]])
+    export_hf(run, tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    tokenizer.padding_side = "left"
+    prompts = ["Shall I compare", "Thou art", "A"]
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+    seen = []
+    real_forward = model.forward
+
+    @functools.wraps(real_forward)  # generate reads forward's signature
+    def counting_forward(*args, **kwargs):
+        seen.append(kwargs["input_ids"].shape[1])
+        return real_forward(*args, **kwargs)
+
+    def generate(use_cache):
+        with torch.no_grad():
+            return model.generate(**encoded, max_new_tokens=40, do_sample=False, use_cache=use_cache,
+                                  pad_token_id=tokenizer.pad_token_id)
+
+    model.forward = counting_forward
+    cached = generate(True)
+    steps = list(seen)
+    assert torch.equal(cached, generate(False))
+    width, window = encoded["input_ids"].shape[1], model.config.max_position_embeddings
+    assert (width, window) == (15, 32)
+    assert steps == [width] + [1] * (window - width) + [window] * (40 - 1 - window + width)  # then the window
 
 
 def test_export_into_a_symlink_loop_is_one_line_and_writes_nothing(run_dir, tmp_path, capsys):

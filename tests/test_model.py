@@ -159,10 +159,39 @@ def test_a_kv_cache_refuses_what_it_cannot_serve():
     decoder(torch.zeros(1, 10, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="17 tokens is longer than model.block_size=16"):
         decoder(torch.zeros(1, 7, dtype=torch.long), cache=cache)
-    with pytest.raises(ValueError, match="causal model without a padding mask"):
+    with pytest.raises(ValueError, match="a KV cache serves a causal model, not an encoder"):
         encoder(torch.zeros(1, 4, dtype=torch.long), cache=KVCache(2))
-    with pytest.raises(ValueError, match="causal model without a padding mask"):
-        decoder(torch.zeros(1, 4, dtype=torch.long), cache=KVCache(2), padding_mask=torch.ones(1, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"must be \(batch, cached \+ new tokens\) = \(1, 14\)"):
+        decoder(torch.zeros(1, 4, dtype=torch.long), cache=cache, padding_mask=torch.ones(1, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("changes", CACHE_CASES.values(), ids=CACHE_CASES.keys())
+def test_a_kv_cache_with_left_padding_gives_the_logits_of_the_padded_sequence(changes):
+    """Left-padded rows (0, 3 and 5 pads) fed through a cache in pieces of 2, 5, 1 and 4 tokens, the padding mask
+    spanning the cached tokens and the new ones, give the real tokens the logits of one padded forward over all 12,
+    and each row's real tokens the logits of that row alone (positions counted from its first real token)."""
+    from nlq.model import KVCache
+
+    model = Transformer(tiny_model_config(**changes), seed=3).eval()
+    idx = torch.randint(0, 97, (3, 12))
+    pads = [0, 3, 5]
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    for row, n in enumerate(pads):
+        mask[row, :n] = False
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache, pieces, start = KVCache(len(model.blocks)), [], 0
+    with torch.no_grad():
+        whole = model(idx, padding_mask=mask, positions=positions)[0]
+        for n in (2, 5, 1, 4):
+            end = start + n
+            pieces.append(model(idx[:, start:end], padding_mask=mask[:, :end], positions=positions[:, start:end],
+                                cache=cache)[0])
+            start = end
+        alone = [model(idx[row:row + 1, n:])[0][0] for row, n in enumerate(pads)]
+    cached = torch.cat(pieces, dim=1)
+    torch.testing.assert_close(cached[mask], whole[mask], rtol=1e-5, atol=1e-5)
+    for row, n in enumerate(pads):
+        torch.testing.assert_close(cached[row, n:], alone[row], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -141,10 +141,7 @@ class Attention(nn.Module):
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if cache is not None:
-            past = cache.length
-            k, v = cache.extend(k, v)  # (B, nkv, past + T, hs)
-            if past and self.causal:  # query i sits at position past + i and sees every key up to it
-                attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            k, v = cache.extend(k, v)  # (B, nkv, past + T, hs); attn_mask spans them (Transformer._attention_mask)
         if self.n_kv_head != self.n_head:  # grouped-query attention: each kv head serves n_head / n_kv_head queries
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
@@ -294,14 +291,18 @@ class Transformer(nn.Module):
         Returns logits (B, T, V) and the mean cross-entropy over targets != ignore_index (or None).
         loss_impl (with targets): "plain" builds the logits; "chunked" (PyTorch's F.linear_cross_entropy, rows in
         chunks of loss_chunk) and "liger" (Liger-Kernel's fused kernel, CUDA) never store them and return None.
-        cache (a causal model, no padding_mask): idx follows the cache.length tokens the cache holds (their keys
-        and values), at the positions after them; idx's own are appended (KVCache; generate.py)."""
+        cache (a causal model): idx follows the cache.length tokens the cache holds (their keys and values), at
+        the positions after them; idx's own are appended (KVCache; generate.py). With a cache, padding_mask
+        (B, cache.length + T) covers the cached tokens and idx."""
         B, T = idx.shape
         past = 0 if cache is None else cache.length
         if past + T > self.cfg.block_size:
             raise ValueError(f"sequence of {past + T} tokens is longer than model.block_size={self.cfg.block_size}")
-        if cache is not None and (padding_mask is not None or not self.cfg.causal):
-            raise ValueError("a KV cache serves a causal model without a padding mask")
+        if cache is not None and not self.cfg.causal:
+            raise ValueError("a KV cache serves a causal model, not an encoder")
+        if padding_mask is not None and padding_mask.shape != (B, past + T):
+            raise ValueError(f"padding_mask has shape {tuple(padding_mask.shape)}; it must be (batch, cached + new "
+                             f"tokens) = {(B, past + T)}")
         x = self.tok_emb(idx)  # (B, T, C)
         rotary = None
         if positions is None:
@@ -313,7 +314,7 @@ class Transformer(nn.Module):
         else:  # per row: (B, 1, T, hs / 2), broadcast over heads
             rotary = (self.rope_cos[positions][:, None], self.rope_sin[positions][:, None])
         x = self.drop(x)
-        attn_mask = self._attention_mask(padding_mask, T)
+        attn_mask = self._attention_mask(padding_mask, T, past)
         for i, block in enumerate(self.blocks):
             x = block(x, attn_mask, rotary, None if cache is None else cache.layers[i])
         x = self.ln_f(x)  # (B, T, C)
@@ -327,15 +328,21 @@ class Transformer(nn.Module):
                                    ignore_index=ignore_index)
         return logits, loss
 
-    def _attention_mask(self, padding_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
-        """Boolean (B, 1, T, T) mask, True where a query may attend to a key; None lets sdpa use is_causal."""
-        if padding_mask is None:
+    def _attention_mask(self, padding_mask: torch.Tensor | None, T: int, past: int = 0) -> torch.Tensor | None:
+        """Boolean (T, past + T) or, with padding, (B, 1, T, past + T) mask, True where one of the T new queries may
+        attend to a key (past cached ones, then the new); None lets sdpa use is_causal."""
+        if padding_mask is None and past == 0:
             return None
-        mask = padding_mask[:, None, None, :].bool()  # (B, 1, 1, T): keys that are real tokens
+        device = self.tok_emb.weight.device
+        mask = torch.ones(T, past + T, dtype=torch.bool, device=device)
         if self.cfg.causal:
-            mask = mask & torch.ones(T, T, dtype=torch.bool, device=padding_mask.device).tril()
+            mask = mask.tril(diagonal=past)  # query i sits at position past + i and sees every key up to it
+        if padding_mask is None:
+            return mask
+        mask = padding_mask[:, None, None, :].bool() & mask  # keys that are real tokens
         # A query row with no visible key (a pad query at the start) would softmax over nothing; let it see itself.
-        return mask | torch.eye(T, dtype=torch.bool, device=padding_mask.device)
+        itself = torch.eye(T, past + T, dtype=torch.bool, device=device).roll(past, dims=1)
+        return mask | itself
 
     # ---- accounting ----------------------------------------------------------------------------------
 

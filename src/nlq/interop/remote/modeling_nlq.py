@@ -6,14 +6,42 @@ import torch
 import torch.nn.functional as F
 import transformers
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput
+from transformers.cache_utils import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput
 
+# Every shipped file is imported here, nlq_model's own imports too: transformers 4.x copies into its module cache
+# only the files this module imports itself.
 from .configuration_nlq import NlqConfig
 from .nlq_config import ModelConfig, ProjectionsConfig
+from .nlq_errors import UserError  # noqa: F401
 from .nlq_model import Transformer, rotary_tables
+from .nlq_projections import build_projection  # noqa: F401
 
 _TIED = ({"model.lm_head.weight": "model.tok_emb.weight"} if int(transformers.__version__.split(".")[0]) >= 5
          else ["model.lm_head.weight"])
+
+
+# The cache's name in forward's keywords and outputs: `cache` from transformers 5.x on, `past_key_values` before.
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class _CacheLayer:
+    """One layer of a transformers Cache seen as nlq's LayerCache: extend is the Cache's update."""
+
+    def __init__(self, cache, index: int):
+        self.cache, self.index = cache, index
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.update(k, v, self.index)
+
+
+class _CacheView:
+    """A transformers Cache (DynamicCache: keys and values (B, heads, T, head dim) per layer, as nlq keeps them)
+    seen as nlq's KVCache, so nlq's own Transformer reads and fills it."""
+
+    def __init__(self, cache, n_layer: int):
+        self.length = cache.get_seq_length()
+        self.layers = [_CacheLayer(cache, i) for i in range(n_layer)]
 
 
 def _model_config(raw: dict) -> ModelConfig:
@@ -61,23 +89,42 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class NlqForCausalLM(NlqPreTrainedModel, GenerationMixin):
-    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, **kwargs):
+    _supports_cache_class = True  # transformers 4.x: generate hands this model a DynamicCache
+    _supports_dynamic_cache = True
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, use_cache=None,
+                token_type_ids=None, **kwargs):
+        """With a cache (`cache=` in transformers 5.x, `past_key_values=` before; a new DynamicCache when
+        use_cache=True and none is given), input_ids follow the tokens it holds and attention_mask spans both.
+        token_type_ids (a 4.x tokenizer's) are ignored: nlq has no segment embeddings."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is None and use_cache:
+            cache = DynamicCache()
+        view = None if cache is None else _CacheView(cache, len(self.model.blocks))
         padding = attention_mask.bool() if attention_mask is not None and not attention_mask.all() else None
         if position_ids is None and padding is not None:
-            position_ids = positions_from_mask(attention_mask)
-        logits, _ = self.model(input_ids, padding_mask=padding, positions=position_ids)
+            position_ids = positions_from_mask(attention_mask)[:, -input_ids.shape[1]:]
+        logits, _ = self.model(input_ids, padding_mask=padding, positions=position_ids, cache=view)
         loss = None
         if labels is not None:  # the usual shift: position t predicts token t + 1
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutput(loss=loss, logits=logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE: cache})
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-        """No cache: the whole (cropped) sequence each step, with its padding mask and the positions it implies."""
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=True, **kwargs):
+        """The tokens the cache does not hold yet, with the padding mask over all of them and the positions it
+        implies. Past block_size no cache fits (positions start at 0 in the window): from then on the whole
+        window is read afresh each step, as `nlq sample` does."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values")) if use_cache else None
         window = self.config.max_position_embeddings
-        inputs = {"input_ids": input_ids[:, -window:], "attention_mask": None, "position_ids": None}
+        if cache is not None and input_ids.shape[1] <= window:
+            inputs = {"input_ids": input_ids[:, cache.get_seq_length():], _CACHE: cache, "use_cache": True}
+        else:
+            inputs = {"input_ids": input_ids[:, -window:], "use_cache": False}
+            attention_mask = None if attention_mask is None else attention_mask[:, -window:]
+        inputs |= {"attention_mask": attention_mask, "position_ids": None}
         if attention_mask is not None:
-            mask = attention_mask[:, -window:]
-            inputs |= {"attention_mask": mask, "position_ids": positions_from_mask(mask)}
+            positions = positions_from_mask(attention_mask)[:, -inputs["input_ids"].shape[1]:]
+            inputs["position_ids"] = positions
         return inputs
 
 
