@@ -111,9 +111,9 @@ class NlqForCausalLM(NlqPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE: cache})
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=True, **kwargs):
-        """The tokens the cache does not hold yet, with the padding mask over all of them and the positions it
-        implies. Past block_size no cache fits (positions start at 0 in the window): from then on the whole
-        window is read afresh each step, as `nlq sample` does."""
+        """The tokens the cache does not hold yet, with the padding mask over all of them. Past block_size no
+        cache fits (positions start at 0 in the window): from then on the whole window is read afresh each step,
+        as `nlq sample` does."""
         cache = kwargs.get("cache", kwargs.get("past_key_values")) if use_cache else None
         window = self.config.max_position_embeddings
         if cache is not None and input_ids.shape[1] <= window:
@@ -121,11 +121,7 @@ class NlqForCausalLM(NlqPreTrainedModel, GenerationMixin):
         else:
             inputs = {"input_ids": input_ids[:, -window:], "use_cache": False}
             attention_mask = None if attention_mask is None else attention_mask[:, -window:]
-        inputs |= {"attention_mask": attention_mask, "position_ids": None}
-        if attention_mask is not None:
-            positions = positions_from_mask(attention_mask)[:, -inputs["input_ids"].shape[1]:]
-            inputs["position_ids"] = positions
-        return inputs
+        return inputs | {"attention_mask": attention_mask}  # forward derives the positions from it
 
 
 class NlqForMaskedLM(NlqPreTrainedModel):
