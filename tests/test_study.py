@@ -2,6 +2,8 @@ import json
 import math
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -263,7 +265,7 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
 
     from nlq.studies.study import Run, parse_shard
 
-    trained = fake_training(monkeypatch)
+    trained = fake_training(monkeypatch, summary=lambda *_: time.sleep(0.02) or {})  # both shards get work
     variant = Variant("linear", {"model": {"query": "linear"}})
     study = task_study("sharded", [variant])
     first = [Run(study, variant, seed, None, TASK, tag="first") for seed in range(1, 6)]
@@ -356,14 +358,57 @@ def test_more_shards_than_work_is_refused(byte_data, tmp_path, capsys):
     one_line_error(capsys, ["study", "cpu", "--out", tmp_path / "s", "--data", byte_data, "--shard", ""], "is not K/N")
 
 
-def test_a_shard_whose_partners_never_start_gives_up_with_a_message(tmp_path, monkeypatch):
-    from nlq.errors import UserError
-    from nlq.studies import study as study_module
+def test_a_shard_whose_partner_never_starts_or_died_takes_over_its_chains_after_its_own(tmp_path, monkeypatch):
     from nlq.studies.study import LINEAR, Run
 
-    fake_training(monkeypatch)
-    monkeypatch.setattr(study_module, "WAIT_UNSTARTED_S", 0.05)
+    trained = fake_training(monkeypatch)
     study = task_study("lonely", [LINEAR])
-    study.stages = lambda study_dir: iter([[Run(study, LINEAR, s, None, TASK, tag="r") for s in range(1, 5)]])
-    with pytest.raises(UserError, match=r"shard\(s\) 2/2 have not started"):
-        run_study(study, tmp_path, log=lambda *_: None, shard=(1, 2))
+    study.stages = lambda study_dir: iter([[Run(study, LINEAR, s, None, TASK, tag="r") for s in range(1, 7)]])
+    (tmp_path / "runs" / "r-linear-s4").mkdir(parents=True)  # shard 2/2 died in this run: no lock holds it
+    messages = []
+    lone = threading.Thread(target=run_study, args=(study, tmp_path), kwargs={"log": messages.append, "shard": (1, 2)},
+                            daemon=True)
+    lone.start()
+    lone.join(timeout=30)
+    assert not lone.is_alive(), "the shard still waits for its partner"
+    # its own share (seeds 1, 3, 5) in order, then shard 2's, last first, to meet a live owner working forward
+    assert [name for _, name, _ in trained] == [f"r-linear-s{s}" for s in (1, 3, 5, 6, 4, 2)]
+    assert sum("taking over" in m and "shard 2/2's" in m for m in messages) == 3
+
+
+def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(tmp_path, monkeypatch):
+    """A chain whose lock another process holds is neither trained nor taken over; the next stage starts only once
+    that process has finished it."""
+    from nlq.studies.study import LINEAR, Run, _chain_lock
+
+    trained = fake_training(monkeypatch)
+    study = task_study("shared", [LINEAR])
+    first = [Run(study, LINEAR, s, None, TASK, tag="a") for s in (1, 2, 3)]
+    second_started = []
+
+    def stages(study_dir):
+        yield first
+        second_started.append((study_dir / "runs" / "a-linear-s2" / "summary.json").is_file())
+        yield [Run(study, LINEAR, 1, None, TASK, tag="b")]
+
+    study.stages = stages
+    other = _chain_lock(tmp_path, "a-linear-s2").__enter__()  # "another process" trains seed 2
+    try:
+        worker = threading.Thread(target=run_study, args=(study, tmp_path), kwargs={"log": lambda *_: None},
+                                  daemon=True)
+        worker.start()
+        for _ in range(500):
+            if len(trained) == 2:
+                break
+            worker.join(timeout=0.01)
+        assert [name for _, name, _ in trained] == ["a-linear-s1", "a-linear-s3"] and worker.is_alive()
+        assert not second_started
+        run_dir = tmp_path / "runs" / "a-linear-s2"  # the other process ends its run, then lets go of the chain
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"final_step": first[1].config([], None).train.max_steps,
+                                                          "val_loss": 1.0, "tokens_per_s": 1.0}))
+    finally:
+        other.__exit__(None, None, None)
+    worker.join(timeout=30)
+    assert not worker.is_alive() and second_started == [True]
+    assert [name for _, name, _ in trained] == ["a-linear-s1", "a-linear-s3", "b-linear-s1"]

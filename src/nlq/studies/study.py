@@ -21,6 +21,7 @@ from nlq.config import RunConfig, update
 from nlq.data.shards import prepare, read_meta
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
+from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides
 from nlq.provenance import code_version
 from nlq.runs import checkpoint as ckpt
@@ -148,9 +149,10 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
               log=print, shard: tuple[int, int] | None = None) -> list[Path]:
     """Run (or continue) every run of the study, stage by stage; returns the run directories.
 
-    shard=(k, n): this process runs only the k-th of n shares of every stage (whole groups, round-robin), so n
-    processes (e.g. one thread each) share a study directory; each waits at the end of a stage until the
-    others have finished theirs, since a later stage may depend on all of it."""
+    shard=(k, n): this process runs the k-th of n shares of every stage (whole groups, round-robin), so n
+    processes (e.g. one thread each) share a study directory. Every process trains a chain under the chain's lock;
+    one that has finished its share takes over the chains nobody is training (a slower or dead shard's, last
+    first), then waits for the rest of the stage, since a later stage may depend on all of it."""
     study_dir = Path(study_dir)
     overrides = overrides or []
     check_frozen(study.name, study.plan, study_dir)
@@ -168,16 +170,13 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
                                         "data_meta": _data_meta(data) if data else None,
                                         "code": code_versions(study_dir / "study.json"), "runs": recorded}
         write_json(study_dir / "study.json", described | ({"projections": own} if own else {}))
-        if shard is None:
-            done_dirs += _run_stage(stage, configs, study_dir, log, stamp)
-            continue
         groups = len(dict.fromkeys(r.chain for r in stage))
-        if shard[1] > groups and number == 1:  # more shards than the first stage's work is a typo
+        if shard is not None and number == 1 and shard[1] > groups:  # more shards than the first stage's work: a typo
             raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
                             f"runs, so at most {groups} shards can share it; use N <= {groups}")
-        mine = shard_indices(stage, *shard)
+        mine = shard_indices(stage, *shard) if shard else list(range(len(stage)))
         done_dirs += _run_stage([stage[i] for i in mine], [configs[i] for i in mine], study_dir, log, stamp)
-        _wait_for_others(stage, configs, study_dir, shard, log)
+        done_dirs += _finish_stage(stage, configs, study_dir, shard, log, stamp)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
     return done_dirs
 
@@ -248,32 +247,55 @@ def shard_indices(runs: list[Run], k: int, n: int) -> list[int]:
     return [i for i, r in enumerate(runs) if r.chain in mine]
 
 
-WAIT_POLL_S = 20.0  # how often a shard looks whether the others have finished a stage
-WAIT_UNSTARTED_S = 3600.0  # how long a shard waits for shards that have not started a single run of the stage
+WAIT_POLL_S = 20.0  # how often a process that has done all it can of a stage looks again
 
 
-def _wait_for_others(runs: list[Run], configs: list[RunConfig], study_dir: Path, shard: tuple[int, int], log) -> None:
-    owner = {}  # run name -> the shard that runs it
-    for k in range(1, shard[1] + 1):
-        owner |= {runs[i].name: k for i in shard_indices(runs, k, shard[1])}
-    waited, poll_s = 0.0, WAIT_POLL_S
+def _finish_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, shard: tuple[int, int] | None, log,
+                  stamp: dict) -> list[Path]:
+    """After its own share: take over every chain of the stage that no process is training (another shard's not
+    yet started, or left by a process that died), last first so as to meet its owner working forward; then wait
+    while other processes finish the chains they hold, since a later stage may depend on all of this one."""
+    me = f"shard {shard[0]}/{shard[1]}" if shard else "this process"
+    owner = {}  # run name -> the shard it was dealt to
+    for k in range(1, (shard or (1, 1))[1] + 1):
+        owner |= {runs[i].name: k for i in shard_indices(runs, k, (shard or (1, 1))[1])}
+    done_dirs, waited = [], 0.0
     while True:
-        pending = [r.name for r, c in zip(runs, configs)
+        pending = [i for i, (r, c) in enumerate(zip(runs, configs))
                    if not run_ended(study_dir / "runs" / r.name, c.train.max_steps)]
         if not pending:
-            return
-        idle = sorted({owner[name] for name in pending} - {owner[r.name] for r in runs
-                                                           if (study_dir / "runs" / r.name).exists()})
-        if idle and waited >= WAIT_UNSTARTED_S:
-            listed = ", ".join(f"{k}/{shard[1]}" for k in idle[:5]) + (" ..." if len(idle) > 5 else "")
-            raise UserError(f"shard {shard[0]}/{shard[1]}: shard(s) {listed} have not started any of their runs in "
-                            f"{waited / 60:.0f} min; start them (nlq study ... --shard K/{shard[1]} for each K), "
-                            f"or run this study with fewer shards; finished runs are kept")
-        if waited == 0 or waited // 600 != (waited - poll_s) // 600:  # at the start, then every 10 minutes
-            log(f"shard {shard[0]}/{shard[1]}: waiting for {len(pending)} run(s) of the other shards "
-                f"(e.g. {pending[0]}, shard {owner[pending[0]]}/{shard[1]}) to finish this stage")
-        time.sleep(poll_s)
-        waited += poll_s
+            return done_dirs
+        chains = list(dict.fromkeys(runs[i].chain for i in pending))
+        for chain in reversed(chains):
+            mine = [i for i in pending if runs[i].chain == chain]
+            if _chain_claimed(study_dir, chain):
+                continue
+            dealt = f"shard {owner[runs[mine[0]].name]}/{shard[1]}'s" if shard else "left unfinished"
+            log(f"{me}: taking over {chain} ({dealt}, not being trained)")
+            done_dirs += _run_stage([runs[i] for i in mine], [configs[i] for i in mine], study_dir, log, stamp)
+        if all(run_ended(study_dir / "runs" / runs[i].name, configs[i].train.max_steps) for i in pending):
+            continue  # look again: the stage may be done
+        if waited == 0 or waited // 600 != (waited - WAIT_POLL_S) // 600:  # at the start, then every 10 minutes
+            held = next(runs[i].name for i in pending
+                        if not run_ended(study_dir / "runs" / runs[i].name, configs[i].train.max_steps))
+            log(f"{me}: waiting for other processes to finish the runs they are training (e.g. {held}) before the "
+                f"next stage")
+        time.sleep(WAIT_POLL_S)
+        waited += WAIT_POLL_S
+
+
+def _chain_lock(study_dir: Path, chain: str) -> DirectoryLock:
+    """Held by the process training a chain, for all of its runs: two processes never train one chain, and a
+    process that dies releases it (flock)."""
+    return DirectoryLock(study_dir / "runs" / f".{chain}.chain.lock", f"chain {chain} of {study_dir}")
+
+
+def _chain_claimed(study_dir: Path, chain: str) -> bool:
+    try:
+        with _chain_lock(study_dir, chain):
+            return False
+    except LockHeld:
+        return True
 
 
 def _data_meta(data_dir: Path) -> dict:
@@ -291,44 +313,72 @@ def _steps_to_train(run_dir: Path, config: RunConfig) -> int:
 
 
 def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log, stamp: dict) -> list[Path]:
-    """Train the runs not finished (or diverged) yet, in order; each finished run's summary record gets the stamp
-    (a plan's hash), so that a run directory says which plan it belongs to."""
+    """Train the runs not finished (or diverged) yet, in order, each chain under its lock (a chain that another
+    process holds is left to it); each finished run's summary record gets the stamp (a plan's hash), so that a run
+    directory says which plan it belongs to."""
     done_dirs, seconds, steps_done = [], 0.0, 0
     diverged_chains = {}  # chain -> the run of it that diverged: the chain's later runs cannot start
+    held, elsewhere = {}, set()  # chain -> its lock while this process trains it; chains another process holds
+    last = {r.chain: i for i, r in enumerate(runs)}  # a chain's lock is let go after its last run here
     steps_left = [_steps_to_train(study_dir / "runs" / r.name, c) for r, c in zip(runs, configs)]
-    for index, (run, config) in enumerate(zip(runs, configs), start=1):
-        run_dir = study_dir / "runs" / run.name
-        done_dirs.append(run_dir)
-        if run_finished(run_dir, config.train.max_steps):
-            log(f"[{index}/{len(runs)}] {run.name}: finished earlier, skipped")
-            continue
-        if run_diverged(run_dir) or run.chain in diverged_chains:
-            if not run_diverged(run_dir):
-                write_diverged(run_dir, run.name, f"{diverged_chains[run.chain]}, which it continues, diverged")
-            if run.name == run.chain:  # a diverged stable run ends its chain; a diverged branch only itself
-                diverged_chains.setdefault(run.chain, run.name)
-            log(f"[{index}/{len(runs)}] {run.name}: diverged (see {run_dir / DIVERGED}), skipped")
-            continue
-        eta = f", stage ETA {seconds / steps_done * sum(steps_left[index - 1:]) / 60:.1f} min" if steps_done else ""
-        log(f"[{index}/{len(runs)}] {run.name}: {run.variant.note or run.variant.name}{eta}")
-        run_start = time.perf_counter()
-        try:
-            _train_run(config, run_dir)
-        except Diverged as e:  # recorded, and the study goes on: a report counts the run as diverged
-            write_diverged(run_dir, run.name, str(e))
-            if run.name == run.chain:
-                diverged_chains[run.chain] = run.name
-            log(f"[{index}/{len(runs)}] {run.name}: diverged: {e}")
-            continue
-        seconds += time.perf_counter() - run_start
-        steps_done += steps_left[index - 1]
-        summary = read_json(run_dir / "summary.json", "a run summary")
-        if stamp:
-            summary["record"] = (summary.get("record") or {}) | stamp
-            write_json(run_dir / "summary.json", summary)
-        log(f"[{index}/{len(runs)}] {run.name}: val loss {summary['val_loss']:.4f} "
-            f"({summary['tokens_per_s']:,.0f} tok/s, {time.perf_counter() - run_start:.0f}s)")
+    try:
+        for index, (run, config) in enumerate(zip(runs, configs), start=1):
+            run_dir, tag = study_dir / "runs" / run.name, f"[{index}/{len(runs)}] {run.name}"
+            if run.chain in elsewhere:
+                continue
+            done_dirs.append(run_dir)
+            if run.chain not in held and not run_ended(run_dir, config.train.max_steps):
+                try:
+                    held[run.chain] = _chain_lock(study_dir, run.chain).__enter__()
+                except LockHeld:
+                    elsewhere.add(run.chain)
+                    log(f"{tag}: another process is training its chain; left to it")
+                    continue
+            eta = f", stage ETA {seconds / steps_done * sum(steps_left[index - 1:]) / 60:.1f} min" if steps_done else ""
+            try:
+                took = _train_unless_ended(run, config, run_dir, tag, eta, diverged_chains, log, stamp)
+                if took is not None:
+                    seconds, steps_done = seconds + took, steps_done + steps_left[index - 1]
+            finally:
+                if last[run.chain] == index - 1 and run.chain in held:
+                    held.pop(run.chain).__exit__(None, None, None)
+    finally:
+        for lock in held.values():
+            lock.__exit__(None, None, None)
     return done_dirs
+
+
+def _train_unless_ended(run: Run, config: RunConfig, run_dir: Path, tag: str, eta: str, diverged_chains: dict,
+                        log, stamp: dict) -> float | None:
+    """Train one run unless it has finished or diverged (or continues a diverged run of its chain); the seconds it
+    trained, None where it did not train to the end."""
+    if run_finished(run_dir, config.train.max_steps):
+        log(f"{tag}: finished earlier, skipped")
+        return None
+    if run_diverged(run_dir) or run.chain in diverged_chains:
+        if not run_diverged(run_dir):
+            write_diverged(run_dir, run.name, f"{diverged_chains[run.chain]}, which it continues, diverged")
+        if run.name == run.chain:  # a diverged stable run ends its chain; a diverged branch only itself
+            diverged_chains.setdefault(run.chain, run.name)
+        log(f"{tag}: diverged (see {run_dir / DIVERGED}), skipped")
+        return None
+    log(f"{tag}: {run.variant.note or run.variant.name}{eta}")
+    run_start = time.perf_counter()
+    try:
+        _train_run(config, run_dir)
+    except Diverged as e:  # recorded, and the study goes on: a report counts the run as diverged
+        write_diverged(run_dir, run.name, str(e))
+        if run.name == run.chain:
+            diverged_chains[run.chain] = run.name
+        log(f"{tag}: diverged: {e}")
+        return None
+    summary = read_json(run_dir / "summary.json", "a run summary")
+    if stamp:
+        summary["record"] = (summary.get("record") or {}) | stamp
+        write_json(run_dir / "summary.json", summary)
+    took = time.perf_counter() - run_start
+    log(f"{tag}: val loss {summary['val_loss']:.4f} ({summary['tokens_per_s']:,.0f} tok/s, {took:.0f}s)")
+    return took
 
 
 def _train_run(config: RunConfig, run_dir: Path) -> None:
