@@ -376,12 +376,22 @@ def test_a_shard_whose_partner_never_starts_or_died_takes_over_its_chains_after_
     assert sum("taking over" in m and "shard 2/2's" in m for m in messages) == 3
 
 
-def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(tmp_path, monkeypatch):
-    """A chain whose lock another process holds is neither trained nor taken over; the next stage starts only once
-    that process has finished it."""
+@pytest.mark.parametrize("holder", ["a shard (the chain's lock)", "nlq train (the run's lock)"])
+def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(tmp_path, monkeypatch, holder):
+    """A chain whose lock, or whose run's lock, another process holds is neither trained nor taken over; the next
+    stage starts only once that process has finished it."""
+    from nlq.lock import directory_lock
+    from nlq.studies import study as study_module
     from nlq.studies.study import LINEAR, Run, _chain_lock
 
     trained = fake_training(monkeypatch)
+    fake = study_module._train_run
+
+    def locking(config, run_dir):  # as train() does: the run directory's lock for the life of the run
+        with directory_lock(run_dir, f"run directory {run_dir}"):
+            fake(config, run_dir)
+
+    monkeypatch.setattr(study_module, "_train_run", locking)
     study = task_study("shared", [LINEAR])
     first = [Run(study, LINEAR, s, None, TASK, tag="a") for s in (1, 2, 3)]
     second_started = []
@@ -392,7 +402,8 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
         yield [Run(study, LINEAR, 1, None, TASK, tag="b")]
 
     study.stages = stages
-    other = _chain_lock(tmp_path, "a-linear-s2").__enter__()  # "another process" trains seed 2
+    held = tmp_path / "runs" / "a-linear-s2"  # "another process" trains seed 2
+    other = (_chain_lock(tmp_path, held.name) if "chain" in holder else directory_lock(held, "run")).__enter__()
     try:
         worker = threading.Thread(target=run_study, args=(study, tmp_path), kwargs={"log": lambda *_: None},
                                   daemon=True)
@@ -403,9 +414,8 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
             worker.join(timeout=0.01)
         assert [name for _, name, _ in trained] == ["a-linear-s1", "a-linear-s3"] and worker.is_alive()
         assert not second_started
-        run_dir = tmp_path / "runs" / "a-linear-s2"  # the other process ends its run, then lets go of the chain
-        run_dir.mkdir(parents=True)
-        (run_dir / "summary.json").write_text(json.dumps({"final_step": first[1].config([], None).train.max_steps,
+        held.mkdir(parents=True, exist_ok=True)  # the other process ends its run, then lets go of it
+        (held / "summary.json").write_text(json.dumps({"final_step": first[1].config([], None).train.max_steps,
                                                           "val_loss": 1.0, "tokens_per_s": 1.0}))
     finally:
         other.__exit__(None, None, None)

@@ -339,6 +339,9 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log, 
                 took = _train_unless_ended(run, config, run_dir, tag, eta, diverged_chains, log, stamp)
                 if took is not None:
                     seconds, steps_done = seconds + took, steps_done + steps_left[index - 1]
+            except LockHeld:  # the run itself is locked: a process that takes no chain locks (nlq train) has it
+                elsewhere.add(run.chain)
+                log(f"{tag}: another process is training this run; its chain is left to it")
             finally:
                 if last[run.chain] == index - 1 and run.chain in held:
                     held.pop(run.chain).__exit__(None, None, None)
