@@ -256,30 +256,29 @@ def _finish_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, sh
     yet started, or left by a process that died), last first so as to meet its owner working forward; then wait
     while other processes finish the chains they hold, since a later stage may depend on all of this one."""
     me = f"shard {shard[0]}/{shard[1]}" if shard else "this process"
-    owner = {}  # run name -> the shard it was dealt to
-    for k in range(1, (shard or (1, 1))[1] + 1):
-        owner |= {runs[i].name: k for i in shard_indices(runs, k, (shard or (1, 1))[1])}
-    done_dirs, waited = [], 0.0
+    owner = {runs[i].name: k for k in range(1, shard[1] + 1) for i in shard_indices(runs, k, shard[1])} if shard else {}
+    done_dirs, waited, announced = [], 0.0, set()
     while True:
         pending = [i for i, (r, c) in enumerate(zip(runs, configs))
                    if not run_ended(study_dir / "runs" / r.name, c.train.max_steps)]
         if not pending:
             return done_dirs
-        chains = list(dict.fromkeys(runs[i].chain for i in pending))
-        for chain in reversed(chains):
-            mine = [i for i in pending if runs[i].chain == chain]
+        for chain in reversed(list(dict.fromkeys(runs[i].chain for i in pending))):
+            left = [i for i in pending if runs[i].chain == chain]
             if _chain_claimed(study_dir, chain):
                 continue
-            dealt = f"shard {owner[runs[mine[0]].name]}/{shard[1]}'s" if shard else "left unfinished"
-            log(f"{me}: taking over {chain} ({dealt}, not being trained)")
-            done_dirs += _run_stage([runs[i] for i in mine], [configs[i] for i in mine], study_dir, log, stamp)
-        if all(run_ended(study_dir / "runs" / runs[i].name, configs[i].train.max_steps) for i in pending):
+            if chain not in announced:
+                dealt = f"shard {owner[runs[left[0]].name]}/{shard[1]}'s" if shard else "left unfinished"
+                log(f"{me}: taking over {chain} ({dealt}, not being trained)")
+                announced.add(chain)
+            done_dirs += _run_stage([runs[i] for i in left], [configs[i] for i in left], study_dir, log, stamp)
+        unended = [runs[i].name for i in pending if not run_ended(study_dir / "runs" / runs[i].name,
+                                                                    configs[i].train.max_steps)]
+        if not unended:
             continue  # look again: the stage may be done
         if waited == 0 or waited // 600 != (waited - WAIT_POLL_S) // 600:  # at the start, then every 10 minutes
-            held = next(runs[i].name for i in pending
-                        if not run_ended(study_dir / "runs" / runs[i].name, configs[i].train.max_steps))
-            log(f"{me}: waiting for other processes to finish the runs they are training (e.g. {held}) before the "
-                f"next stage")
+            log(f"{me}: waiting for other processes to finish the runs they are training (e.g. {unended[0]}) "
+                f"before the next stage")
         time.sleep(WAIT_POLL_S)
         waited += WAIT_POLL_S
 
