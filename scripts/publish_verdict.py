@@ -86,13 +86,15 @@ def _verdict_lr_status(outcome: dict, study: dict, when: str, where: str, result
     grid_runs = len(arms) * len(s["lrs"]) * len(s["selection_seeds"])
     ended = sum(row["ended"] for arm in arms for row in (outcome.get("lr_curve") or {}).get(arm, [])
                 if row["lr"] in s["lrs"])
+    lrs = ", ".join(f"{arm} {lr:g}" for arm, lr in (outcome.get("selected_lrs") or {}).items() if lr is not None)
     if "decision" not in outcome:
         test = f"{outcome['finished_pairs'][s['primary'][1]]} of {outcome['registered_pairs']} test pairs"
+        done = ended == grid_runs and not any((outcome.get("at_edge") or {}).values())  # no extension to come
+        chosen = f" (selected: {lrs})" if lrs and done else ""
         return (f"Each arm at its own lr: `nlq study verdict-lr` (pre-registered, amended before its first run) is "
-                f"running on {where} (status {when}): selection {ended} of {grid_runs} grid runs ended, {test} "
-                f"(`{results}`); no test endpoint is shown before all {outcome['registered_pairs']} primary pairs have "
-                f"ended.")
-    lrs = ", ".join(f"{arm} {lr:g}" for arm, lr in outcome["selected_lrs"].items() if lr is not None)
+                f"running on {where} (status {when}): selection {ended} of {grid_runs} grid runs ended{chosen}, "
+                f"{test} (`{results}`); no test endpoint is shown before all {outcome['registered_pairs']} primary "
+                f"pairs have ended.")
     return (f"**Each at its own lr ({when}, `nlq study verdict-lr` as pre-registered and amended, "
             f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
             f"{outcome['decision']['words']}.** {decision_text(outcome)} `nlq report {results}` regenerates it.")
