@@ -79,8 +79,18 @@ def test_the_pace_after_30_chains_is_what_its_record_and_the_readme_quote():
             and f"and {resumed} resumed from a checkpoint" in quoted)
     hours = re.findall(r"at the (?:fastest third|median) pace: (\d+\.\d) h", out)
     assert f"about {hours[0]} and {hours[1]} hours as two shards" in quoted
-    readme = (RESULTS_MD.parent.parent / "README.md").read_text()
-    assert f"{fast_mean}-{median} min per chain per shard, measured on its first 30 chains" in readme
+
+
+def test_the_time_left_the_readme_quotes_is_the_pace_command_it_names():
+    readme = " ".join((RESULTS_MD.parent.parent / "README.md").read_text().split())
+    fast_mean, median, n, command_n = re.search(r"(\d+\.\d)-(\d+\.\d) min per chain per shard, the fastest third's "
+                                                r"mean and the median, measured on its first (\d+) chains: `python "
+                                                r"analysis/pre_registration.py --study verdict-lr --pace (\d+)`",
+                                                readme).groups()
+    out = run("pre_registration.py", "--pace", n)
+    assert n == command_n and f"median {median};" in out and f"mean {fast_mean})" in out
+    low, high = re.findall(r"at the (?:fastest third|median) pace: (\d+)\.\d h", out)
+    assert f"~{low}-{high} h left as 2 shards" in readme or f"~{low}-{int(high) + 1} h left as 2 shards" in readme
 
 
 @pytest.mark.slow
