@@ -263,7 +263,8 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     the second stage built only after both shards finished the first."""
     import threading
 
-    from nlq.studies.study import Run, parse_shard
+    from nlq.studies.sharding import parse_shard
+    from nlq.studies.study import Run
 
     trained = fake_training(monkeypatch, summary=lambda *_: time.sleep(0.02) or {})  # both shards get work
     variant = Variant("linear", {"model": {"query": "linear"}})
@@ -296,7 +297,7 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
 @pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "1/0"])
 def test_bad_shard_is_a_clear_error(text):
     from nlq.errors import UserError
-    from nlq.studies.study import parse_shard
+    from nlq.studies.sharding import parse_shard
 
     with pytest.raises(UserError, match="K/N"):
         parse_shard(text)
@@ -382,7 +383,8 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
     stage starts only once that process has finished it."""
     from nlq.lock import directory_lock
     from nlq.studies import study as study_module
-    from nlq.studies.study import LINEAR, Run, _chain_lock
+    from nlq.studies.sharding import chain_lock
+    from nlq.studies.study import LINEAR, Run
 
     trained = fake_training(monkeypatch)
     fake = study_module._train_run
@@ -403,7 +405,7 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
 
     study.stages = stages
     held = tmp_path / "runs" / "a-linear-s2"  # "another process" trains seed 2
-    other = (_chain_lock(tmp_path, held.name) if "chain" in holder else directory_lock(held, "run")).__enter__()
+    other = (chain_lock(tmp_path, held.name) if "chain" in holder else directory_lock(held, "run")).__enter__()
     try:
         worker = threading.Thread(target=run_study, args=(study, tmp_path), kwargs={"log": lambda *_: None},
                                   daemon=True)

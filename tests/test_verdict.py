@@ -37,7 +37,7 @@ def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_ident
                                  14447] and all(v == {"linear", "nonlinear", "identity"} for v in by_budget.values())
     assert all("-stable/checkpoints/step_" in c.train.resume_from for c in branches)
     # a pair's two chains land on different shards of two, and each shard gets both variants
-    from nlq.studies.study import shard_indices
+    from nlq.studies.sharding import shard_indices
 
     stage = next(study.run_stages(tmp_path))
     shard_one = {stage[i].variant.name + str(stage[i].seed) for i in shard_indices(stage, 1, 2)}

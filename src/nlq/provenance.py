@@ -11,6 +11,9 @@ from pathlib import Path
 
 import torch
 
+from nlq.errors import UserError
+from nlq.fileio import read_json
+
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str | None:
@@ -41,3 +44,13 @@ def tensor_hash(*tensors: torch.Tensor) -> str:
         digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()[:16]
+
+
+def code_versions(study_json: Path) -> list[str]:
+    """Every code version that has run this study: the ones study.json already records, then this one."""
+    try:
+        earlier = read_json(study_json, "the study's description").get("code") or []
+    except (OSError, UserError):
+        earlier = []
+    now = code_version()
+    return list(earlier) + ([now] if now and now not in earlier else [])

@@ -1,6 +1,7 @@
 """Starting a study's shards: `--shards N` (N processes on this machine, each `--shard K/N`) and `--shard auto`
 (the index and count of a Slurm job array). The shards themselves are plain `nlq study ... --shard K/N` processes
-that share the study directory (study.py deals them whole chains and makes each wait at the end of a stage)."""
+that share the study directory (sharding.py deals them whole chains; study.py runs a shard's share, takes
+over the chains nobody trains, and waits at the end of a stage)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
     """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
     from nlq.studies.engine import power_text
     from nlq.studies.registry import build_report, get_study
-    from nlq.studies.study import parse_shard, plan_text, run_study
+    from nlq.studies.sharding import parse_shard
+    from nlq.studies.study import plan_text, run_study
 
     study = get_study(name)
     if shards is not None and shard is not None:

@@ -21,12 +21,12 @@ from nlq.config import RunConfig, update
 from nlq.data.shards import prepare, read_meta
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
-from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides
-from nlq.provenance import code_version
+from nlq.provenance import code_versions
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
 from nlq.studies.frozen import check_frozen, check_overrides, frozen_own_code, plan_hash
+from nlq.studies.sharding import chain_claimed, chain_lock, parse_shard, shard_indices  # noqa: F401 (parse_shard, for callers)
 from nlq.training.trainer import train
 
 
@@ -181,16 +181,6 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     return done_dirs
 
 
-def code_versions(study_json: Path) -> list[str]:
-    """Every code version that has run this study: the ones study.json already records, then this one."""
-    try:
-        earlier = read_json(study_json, "the study's description").get("code") or []
-    except (OSError, UserError):
-        earlier = []
-    now = code_version()
-    return list(earlier) + ([now] if now and now not in earlier else [])
-
-
 def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
               shard: tuple[int, int] | None = None) -> str:
     """What run_study would train, without training anything (--dry-run): per stage the runs (of this shard),
@@ -228,25 +218,6 @@ def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None =
     return "\n".join(lines)
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """'K/N' -> (K, N) with 1 <= K <= N."""
-    try:
-        k, n = (int(part) for part in text.split("/"))
-    except ValueError:
-        k = n = 0
-    if not 1 <= k <= n:
-        raise UserError(f"--shard {text!r} is not K/N with 1 <= K <= N (e.g. --shard 1/2 and --shard 2/2 in two "
-                        "processes)")
-    return k, n
-
-
-def shard_indices(runs: list[Run], k: int, n: int) -> list[int]:
-    """Indices of the runs of shard k of n: groups in order of first appearance, dealt round-robin."""
-    groups = list(dict.fromkeys(r.chain for r in runs))
-    mine = {g for i, g in enumerate(groups) if i % n == k - 1}
-    return [i for i, r in enumerate(runs) if r.chain in mine]
-
-
 WAIT_POLL_S = 20.0  # how often a process that has done all it can of a stage looks again
 
 
@@ -265,7 +236,7 @@ def _finish_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, sh
             return done_dirs
         for chain in reversed(list(dict.fromkeys(runs[i].chain for i in pending))):
             left = [i for i in pending if runs[i].chain == chain]
-            if _chain_claimed(study_dir, chain):
+            if chain_claimed(study_dir, chain):
                 continue
             if chain not in announced:
                 dealt = f"shard {owner[runs[left[0]].name]}/{shard[1]}'s" if shard else "left unfinished"
@@ -281,20 +252,6 @@ def _finish_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, sh
                 f"before the next stage")
         time.sleep(WAIT_POLL_S)
         waited += WAIT_POLL_S
-
-
-def _chain_lock(study_dir: Path, chain: str) -> DirectoryLock:
-    """Held by the process training a chain, for all of its runs: two processes never train one chain, and a
-    process that dies releases it (flock)."""
-    return DirectoryLock(study_dir / "runs" / f".{chain}.chain.lock", f"chain {chain} of {study_dir}")
-
-
-def _chain_claimed(study_dir: Path, chain: str) -> bool:
-    try:
-        with _chain_lock(study_dir, chain):
-            return False
-    except LockHeld:
-        return True
 
 
 def _data_meta(data_dir: Path) -> dict:
@@ -328,7 +285,7 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log, 
             done_dirs.append(run_dir)
             if run.chain not in held and not run_ended(run_dir, config.train.max_steps):
                 try:
-                    held[run.chain] = _chain_lock(study_dir, run.chain).__enter__()
+                    held[run.chain] = chain_lock(study_dir, run.chain).__enter__()
                 except LockHeld:
                     elsewhere.add(run.chain)
                     log(f"{tag}: another process is training its chain; left to it")
