@@ -51,17 +51,28 @@ def test_plans_verdict_builds_exactly_the_runs_of_the_committed_verdict():
 
 
 def test_plans_verdict_lr_builds_exactly_the_runs_of_the_committed_verdict_lr():
-    """Every committed run of results/verdict-lr (the selection grid so far) is a run of plans/verdict-lr.toml with
-    the same resolved config, the one it was trained with."""
+    """Every committed run of results/verdict-lr (the selection grid, then the test runs at the lrs the committed
+    selection picks) is a run of plans/verdict-lr.toml with the same resolved config, the one it was trained with."""
     results = ROOT / "results" / "verdict-lr"
     study_json = json.loads((results / "study.json").read_text())
     committed = {p.parent.name: json.loads(p.read_text()) for p in (results / "runs").glob("*/config.json")}
     branch = next(c["train"]["resume_from"] for c in committed.values() if c["train"]["resume_from"])
-    where = Path(branch).parents[3]
-    planned = {r.name: r.config([], Path(study_json["data_dir"])).to_dict()
-               for r in next(get_study(str(ROOT / "plans" / "verdict-lr.toml")).run_stages(where))}
+    where = str(Path(branch).parents[3])  # the study directory the runs were trained in (their checkpoints' paths)
+    stages, planned = get_study(str(ROOT / "plans" / "verdict-lr.toml")).run_stages(results), {}
+    while True:  # the stages the committed results decide; one that needs runs not committed yet ends the list
+        try:
+            stage = next(stages)
+        except (StopIteration, UserError, OSError, KeyError):
+            break
+        for r in stage:
+            config = r.config([], Path(study_json["data_dir"])).to_dict()
+            if config["train"]["resume_from"]:
+                config["train"]["resume_from"] = config["train"]["resume_from"].replace(str(results), where)
+            planned[r.name] = config
     assert committed and set(committed) <= set(planned)
     assert all(planned[name] == saved for name, saved in committed.items())
+    tested = {f"-s{seed}" for seed in study_json["settings"]["seeds"]}
+    assert any(name.endswith(tuple(tested)) for name in committed)  # test runs are among them
 
 
 def test_plans_verdict_lr_builds_the_amended_design():
