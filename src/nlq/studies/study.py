@@ -282,7 +282,6 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log, 
             run_dir, tag = study_dir / "runs" / run.name, f"[{index}/{len(runs)}] {run.name}"
             if run.chain in elsewhere:
                 continue
-            done_dirs.append(run_dir)
             if run.chain not in held and not run_ended(run_dir, config.train.max_steps):
                 try:
                     held[run.chain] = chain_lock(study_dir, run.chain).__enter__()
@@ -290,6 +289,7 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log, 
                     elsewhere.add(run.chain)
                     log(f"{tag}: another process is training its chain; left to it")
                     continue
+            done_dirs.append(run_dir)
             eta = f", stage ETA {seconds / steps_done * sum(steps_left[index - 1:]) / 60:.1f} min" if steps_done else ""
             try:
                 took = _train_unless_ended(run, config, run_dir, tag, eta, diverged_chains, log, stamp)
@@ -297,6 +297,7 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log, 
                     seconds, steps_done = seconds + took, steps_done + steps_left[index - 1]
             except LockHeld:  # the run itself is locked: a process that takes no chain locks (nlq train) has it
                 elsewhere.add(run.chain)
+                done_dirs.pop()
                 log(f"{tag}: another process is training this run; its chain is left to it")
             finally:
                 if last[run.chain] == index - 1 and run.chain in held:
