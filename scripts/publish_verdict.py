@@ -95,9 +95,14 @@ def _verdict_lr_status(outcome: dict, study: dict, when: str, where: str, result
                 f"running on {where} (status {when}): selection {ended} of {grid_runs} grid runs ended{chosen}, "
                 f"{test} (`{results}`); no test endpoint is shown before all {outcome['registered_pairs']} primary "
                 f"pairs have ended.")
-    return (f"**Each at its own lr ({when}, `nlq study verdict-lr` as pre-registered and amended, "
+    text = (f"**Each at its own lr ({when}, `nlq study verdict-lr` as pre-registered and amended, "
             f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
             f"{outcome['decision']['words']}.** {decision_text(outcome)} `nlq report {results}` regenerates it.")
+    if s["secondary"] and not outcome.get("secondary_family"):
+        text += (f" The secondary arms ({', '.join(s['secondary'])}) are still running: "
+                 f"{outcome.get('seeds_with_every_arm', 0)} of {len(s['seeds'])} test seeds have every arm's "
+                 "endpoint; their declared family is computed once all have, and it does not change this decision.")
+    return text
 
 
 def main() -> None:

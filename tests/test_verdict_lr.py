@@ -3,6 +3,7 @@ the paper-protocol pairing, and a report whose lr curve is the runs' summaries."
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -146,6 +147,35 @@ def test_verdict_lr_report_shows_the_selection_the_test_and_the_qknorm_family(fi
                 assert value == expected
     assert (study_dir / "verdict_lr_curve.png").stat().st_size > 0 and (study_dir / "verdict_lr_test.png").is_file()
     assert build_report(study_dir) == markdown  # regenerates byte for byte
+
+
+def test_with_the_primary_pairs_in_the_status_gives_the_decision_and_how_far_the_qknorm_arms_are(finished_study):
+    """The decision is published as soon as the primary pairs are in; until the secondary arms have every test seed,
+    the report and the status say how many have, and no secondary number is shown."""
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    from nlq.studies.registry import build_report
+
+    study_dir, _ = finished_study
+    for run in (study_dir / "runs").glob("d64-*qknorm-*"):
+        if int(re.search(r"-s(\d+)", run.name).group(1)) > 213:
+            shutil.rmtree(run)  # the QK-norm arms' test chains of seeds 214-226 not run yet
+    markdown = build_report(study_dir)
+    assert "**Verdict: nonlinear better" in markdown
+    assert "3 of 16 test seeds have every arm's endpoint; the family is computed once all have." in markdown
+    assert "| linear-qknorm - linear |" not in markdown
+    outcome = json.loads((study_dir / "verdict.json").read_text())
+    assert outcome["seeds_with_every_arm"] == 3 and outcome["secondary_family"] == []
+    script = Path(__file__).resolve().parents[1] / "scripts" / "publish_verdict.py"
+    spec = importlib.util.spec_from_file_location("publish_verdict", script)
+    publish = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(publish)
+    study = json.loads((study_dir / "study.json").read_text())
+    status = publish.status_text(outcome, study, "now", "here", "results/verdict-lr")
+    assert status.startswith("**Each at its own lr (now,") and "nonlinear better" in status
+    assert "(linear-qknorm, nonlinear-qknorm) are still running: 3 of 16 test seeds have every arm's endpoint" in status
 
 
 def test_the_four_arms_of_a_test_seed_share_batches_and_every_initial_weight_their_shapes_share(tmp_path):

@@ -252,6 +252,10 @@ def grid_report(study_dir: Path, study: dict) -> str:
     family_lines, family = secondary_family(loss, s, [arm for arm in arms if arm not in out])
     lines += family_lines
     outcome["secondary_family"] = family
+    if s.get("secondary"):  # how far the family's runs are, for a status written before it is in
+        kept = [arm for arm in arms if arm not in out]
+        outcome["seeds_with_every_arm"] = sum(all((arm, seed, s["primary_tpp"]) in loss for arm in kept)
+                                              for seed in s["seeds"])
     plot_test(study_dir / "verdict_lr_test.png", pairs, family, s, baseline, method, study["name"])
     lines += ["", "Plot: `verdict_lr_test.png` (each test seed's Δ, the mean with its interval, the equivalence "
               "margins; beside it the secondary comparisons once they are in)."]
