@@ -2,6 +2,7 @@
 run, a mistake is one line naming its field, and a user's own tiny plan runs end to end to its decision."""
 
 import json
+import re
 import shutil
 import tomllib
 from pathlib import Path
@@ -73,6 +74,28 @@ def test_plans_verdict_lr_builds_exactly_the_runs_of_the_committed_verdict_lr():
     assert all(planned[name] == saved for name, saved in committed.items())
     tested = {f"-s{seed}" for seed in study_json["settings"]["seeds"]}
     assert any(name.endswith(tuple(tested)) for name in committed)  # test runs are among them
+
+
+def test_the_committed_verdict_lr_runs_record_their_code_times_and_one_first_batch_per_seed_and_stage():
+    """Pairing and timing can be checked from the files alone: every committed run of results/verdict-lr names its
+    code commit and UTC start and end, and every arm of one seed at one stage saw the same first batch (the stable
+    runs at step 0, each branch where it leaves its stable run); another seed saw another."""
+    import datetime
+
+    records = {}
+    for path in (ROOT / "results" / "verdict-lr" / "runs").glob("*/summary.json"):
+        record, config = json.loads(path.read_text())["record"], json.loads((path.parent / "config.json").read_text())
+        assert re.fullmatch(r"[0-9a-f]{40}", record["code"]), path
+        start, end = (datetime.datetime.strptime(record[k], "%Y-%m-%dT%H:%M:%SZ")
+                      for k in ("started_utc", "ended_utc"))
+        assert start < end, path
+        stage = "stable" if path.parent.name.endswith("-stable") else "branch"
+        records.setdefault((config["train"]["seed"], stage), {})[path.parent.name] = record["first_batch"]
+    assert records
+    for (seed, stage), batches in records.items():
+        assert len({(b["step"], b["sha256"]) for b in batches.values()}) == 1, (seed, stage, batches)
+    stable = {seed: next(iter(b.values()))["sha256"] for (seed, stage), b in records.items() if stage == "stable"}
+    assert len(set(stable.values())) == len(stable)  # each seed its own batches
 
 
 def test_plans_verdict_lr_builds_the_amended_design():
