@@ -156,3 +156,33 @@ def test_reading_the_verdict_agrees_with_the_verdict_report_on_the_committed_run
     diff = statistics.fmean(a) - statistics.fmean(b)
     assert w["mean"] == pytest.approx(diff) and w["low"] == pytest.approx(diff - half)
     assert w["high"] == pytest.approx(diff + half)
+
+
+def test_reading_verdict_lr_agrees_with_the_committed_runs_and_the_decision():
+    """analysis/reading_verdict_lr.py on results/: its end-of-cooldown row is the paired Δ of the test seeds'
+    summaries (and, once decided, verdict.json's interval), and its lr rows count the runs of both studies."""
+    from nlq.studies.stats import paired_difference
+
+    results = ROOT / "results"
+    if not (results / "verdict-lr" / "study.json").is_file() or not (results / "verdict" / "study.json").is_file():
+        pytest.skip("results/verdict-lr or results/verdict is not committed")
+    study = json.loads((results / "verdict-lr" / "study.json").read_text())
+    loss = {}
+    for path in (results / "verdict-lr" / "runs").glob("d64-tpp300-*/summary.json"):
+        arm, lr, seed = re.fullmatch(r"d64-tpp300-(.+)-lr([\d.e-]+)-s(\d+)", path.parent.name).groups()
+        if int(seed) in study["settings"]["seeds"]:
+            loss[(arm, int(seed))] = json.loads(path.read_text())["full_val_loss"]
+    seeds = sorted(s for a, s in loss if a == "nonlinear" and ("linear", s) in loss)
+    if not seeds:
+        pytest.skip("no verdict-lr test pair is committed yet")
+    p = paired_difference([loss[("nonlinear", s)] for s in seeds], [loss[("linear", s)] for s in seeds])
+    out = run("reading_verdict_lr.py", "--results", str(results))
+    end = next(line for line in out.splitlines() if "end of the 300 tokens/param cooldown" in line)
+    assert end.split("|")[3].strip() == str(len(seeds))
+    assert end.split("|")[5].strip() == f"{p['mean']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}]"
+    decision = json.loads((results / "verdict-lr" / "verdict.json").read_text()).get("decision")
+    if decision is not None:
+        i = decision["interval"]
+        assert end.split("|")[5].strip() == f"{i['mean']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
+    lr_rows = [line for line in out.splitlines() if "(verdict-lr) -" in line]
+    assert len(lr_rows) == 3 and all(f"{len(seeds)} vs 14" in line for line in lr_rows)
