@@ -55,7 +55,7 @@ def interval(p: dict) -> str:
     return f"{p['mean']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}]"
 
 
-def gap_over_training(study_dir: Path, runs: list[dict]) -> list[str]:
+def gap_over_training(study_dir: Path, runs: list[dict], budgets: tuple = (100, 300)) -> list[str]:
     curves = {}
     for r in runs:
         if r.get("stage") == "stable":
@@ -70,7 +70,7 @@ def gap_over_training(study_dir: Path, runs: list[dict]) -> list[str]:
         p = paired(non, lin)
         lines.append(row(f"{step:,}", "stable (128 windows)", p["n"], f"{np.mean(list(lin.values())):.4f}",
                          interval(p)))
-    for tpp in (100, 300):
+    for tpp in budgets:
         lin = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, variant="linear")
         non = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, variant="nonlinear")
         p = paired(non, lin)

@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from reading_the_verdict import by_seed, interval, paired, row, runs_of, welch
+from reading_the_verdict import by_seed, gap_over_training, interval, paired, row, runs_of, welch
 from scipy import stats
 
 from nlq.studies.tables import read_study
@@ -31,32 +31,6 @@ def test_runs(study_dir: Path) -> list[dict]:
     """verdict-lr's runs on its test seeds (the primary arms at their selected lrs: the only lrs tried there)."""
     seeds = set(read_study(study_dir)["settings"]["seeds"])
     return [r for r in runs_of(study_dir) if r["seed"] in seeds]
-
-
-def gap_over_training(study_dir: Path, runs: list[dict]) -> list[str]:
-    from nlq.runs.metrics import read_metrics
-
-    curves = {}
-    for r in runs:
-        if r.get("stage") == "stable" and r["variant"] in ("linear", "nonlinear"):
-            records = read_metrics(study_dir / "runs" / r["name"] / "metrics.jsonl")
-            curves[(r["variant"], r["seed"])] = {m["step"]: m["val_loss"] for m in records if "val_loss" in m}
-    seeds = sorted({s for v, s in curves if v == "nonlinear"} & {s for v, s in curves if v == "linear"})
-    lines = [row("step", "phase", "pairs", "linear (mean)", "Δ nonlinear - linear [95%]"), row(*["---"] * 5)]
-    if not seeds:
-        return lines
-    steps = sorted(set.intersection(*(set(curves[(v, s)]) for v in ("linear", "nonlinear") for s in seeds)))
-    for step in steps:
-        lin = {s: curves[("linear", s)][step] for s in seeds}
-        p = paired({s: curves[("nonlinear", s)][step] for s in seeds}, lin)
-        lines.append(row(f"{step:,}", "stable (128 windows)", p["n"], f"{np.mean(list(lin.values())):.4f}",
-                         interval(p)))
-    lin = by_seed(runs, "full_val_loss", stage="budget", tpp=TPP, variant="linear")
-    p = paired(by_seed(runs, "full_val_loss", stage="budget", tpp=TPP, variant="nonlinear"), lin)
-    step = next(r["final_step"] for r in runs if r.get("stage") == "budget" and r.get("tpp") == TPP)
-    lines.append(row(f"{step:,}", f"end of the {TPP} tokens/param cooldown (whole split)", p["n"],
-                     f"{np.mean(list(lin.values())):.4f}", interval(p)))
-    return lines
 
 
 def what_the_lr_did(runs: list[dict], verdict: list[dict]) -> list[str]:
@@ -112,7 +86,7 @@ def main() -> None:
     study_dir = args.results / "verdict-lr"
     runs = test_runs(study_dir)
     print("1. When the gap opens, each variant at its selected lr (paired, the test seeds)\n")
-    print("\n".join(gap_over_training(study_dir, runs)))
+    print("\n".join(gap_over_training(study_dir, runs, budgets=(TPP,))))
     print("\n2. What the lr did (unpaired, other seeds)\n")
     print("\n".join(what_the_lr_did(runs, runs_of(args.results / "verdict"))))
     print("\n3. How robust the mean is to its largest pair\n")
