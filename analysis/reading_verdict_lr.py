@@ -21,13 +21,14 @@ import numpy as np
 from reading_the_verdict import by_seed, gap_over_training, interval, paired, row, runs_of, welch
 from scipy import stats
 
+from nlq.runs.metrics import read_metrics
 from nlq.studies.tables import read_study
 
 ROOT = Path(__file__).resolve().parent.parent
 TPP = 300
 
 
-def test_runs(study_dir: Path) -> list[dict]:
+def on_test_seeds(study_dir: Path) -> list[dict]:
     """verdict-lr's runs on its test seeds (the primary arms at their selected lrs: the only lrs tried there)."""
     seeds = set(read_study(study_dir)["settings"]["seeds"])
     return [r for r in runs_of(study_dir) if r["seed"] in seeds]
@@ -38,24 +39,25 @@ def what_the_lr_did(runs: list[dict], verdict: list[dict]) -> list[str]:
              row(*["---"] * 4)]
     where = {"stage": "budget", "tpp": TPP}
     own, shared = {}, {}
+    shared_lr = min({r["lr"] for r in verdict if r.get("stage") == "budget"})
     for variant in ("linear", "nonlinear"):
         own[variant] = by_seed(runs, "full_val_loss", variant=variant, **where)
         shared[variant] = by_seed(verdict, "full_val_loss", variant=variant, **where)
         lr = {r["lr"] for r in runs if r["variant"] == variant and r.get("stage") == "budget"}
         w = welch(list(own[variant].values()), list(shared[variant].values()))
-        lines.append(row(f"{variant} at its selected lr {min(lr):g} (verdict-lr) - {variant} at 0.002 (verdict)",
+        label = f"{variant} at its selected lr {min(lr):g} (verdict-lr) - {variant} at {shared_lr:g} (verdict)"
+        lines.append(row(label,
                          f"{w['n'][0]} vs {w['n'][1]}", interval(w), f"{w['p']:.2g}"))
     gaps = [{s: d["nonlinear"][s] - d["linear"][s] for s in d["nonlinear"].keys() & d["linear"].keys()}
             for d in (own, shared)]
     w = welch(list(gaps[0].values()), list(gaps[1].values()))
-    lines.append(row("Δ nonlinear - linear, each at its own lr (verdict-lr) - Δ at the shared 0.002 (verdict)",
+    label = f"Δ nonlinear - linear, each at its own lr (verdict-lr) - Δ at the shared {shared_lr:g} (verdict)"
+    lines.append(row(label,
                      f"{w['n'][0]} vs {w['n'][1]} pairs", interval(w), f"{w['p']:.2g}"))
     return lines
 
 
 def robustness(study_dir: Path, runs: list[dict]) -> list[str]:
-    from nlq.runs.metrics import read_metrics
-
     where = {"stage": "budget", "tpp": TPP}
     lin = by_seed(runs, "full_val_loss", variant="linear", **where)
     non = by_seed(runs, "full_val_loss", variant="nonlinear", **where)
@@ -84,7 +86,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     args = parser.parse_args()
     study_dir = args.results / "verdict-lr"
-    runs = test_runs(study_dir)
+    runs = on_test_seeds(study_dir)
     print("1. When the gap opens, each variant at its selected lr (paired, the test seeds)\n")
     print("\n".join(gap_over_training(study_dir, runs, budgets=(TPP,))))
     print("\n2. What the lr did (unpaired, other seeds)\n")
