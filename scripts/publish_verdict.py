@@ -102,7 +102,22 @@ def _verdict_lr_status(outcome: dict, study: dict, when: str, where: str, result
         text += (f" The secondary arms ({', '.join(s['secondary'])}) are still running: "
                  f"{outcome.get('seeds_with_every_arm', 0)} of {len(s['seeds'])} test seeds have every arm's "
                  "endpoint; their declared family is computed once all have, and it does not change this decision.")
+    elif outcome.get("secondary_family"):
+        text += " " + family_text(outcome["secondary_family"], len(s["seeds"]))
     return text
+
+
+def family_text(family: list[dict], seeds: int) -> str:
+    """The declared secondary family in one sentence, each comparison named, with its interval and Holm p."""
+    def one(row: dict) -> str:
+        name = ("the interaction (the query effect with QK-norm minus without)" if row["member"] == "interaction"
+                else row["comparison"])
+        share = f", {row['mean'] / row['baseline_mean']:+.2%}" if row.get("baseline_mean") else ""
+        return f"{name} {row['mean']:+.4f}{share} {interval_text(row)}, Holm p {row['holm_p']:.2g}"
+
+    return (f"Declared secondaries on the same {seeds} test seeds, each arm at its own lr, Holm-adjusted as one family "
+            f"of {len(family)} (Δ = the first-named arm - the second, positive = the first worse): "
+            + "; ".join(one(row) for row in family) + ".")
 
 
 def main() -> None:

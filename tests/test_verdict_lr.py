@@ -147,14 +147,30 @@ def test_verdict_lr_report_shows_the_selection_the_test_and_the_qknorm_family(fi
                 assert value == expected
     assert (study_dir / "verdict_lr_curve.png").stat().st_size > 0 and (study_dir / "verdict_lr_test.png").is_file()
     assert build_report(study_dir) == markdown  # regenerates byte for byte
+    status = publish_module().status_text(outcome, json.loads((study_dir / "study.json").read_text()), "now", "here",
+                                          "results/verdict-lr")
+    assert "still running" not in status and "Holm-adjusted as one family of 4" in status
+    for row in outcome["secondary_family"]:  # each comparison named, with its own interval and Holm p
+        name = "the interaction (the query effect with QK-norm minus without)" if row["member"] == "interaction" \
+            else row["comparison"]
+        assert f"{name} {row['mean']:+.4f}" in status and f"Holm p {row['holm_p']:.2g}" in status
+
+
+def publish_module():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "publish_verdict.py"
+    spec = importlib.util.spec_from_file_location("publish_verdict", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_with_the_primary_pairs_in_the_status_gives_the_decision_and_how_far_the_qknorm_arms_are(finished_study):
     """The decision is published as soon as the primary pairs are in; until the secondary arms have every test seed,
     the report and the status say how many have, and no secondary number is shown."""
-    import importlib.util
     import shutil
-    from pathlib import Path
 
     from nlq.studies.registry import build_report
 
@@ -168,12 +184,8 @@ def test_with_the_primary_pairs_in_the_status_gives_the_decision_and_how_far_the
     assert "| linear-qknorm - linear |" not in markdown
     outcome = json.loads((study_dir / "verdict.json").read_text())
     assert outcome["seeds_with_every_arm"] == 3 and outcome["secondary_family"] == []
-    script = Path(__file__).resolve().parents[1] / "scripts" / "publish_verdict.py"
-    spec = importlib.util.spec_from_file_location("publish_verdict", script)
-    publish = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(publish)
     study = json.loads((study_dir / "study.json").read_text())
-    status = publish.status_text(outcome, study, "now", "here", "results/verdict-lr")
+    status = publish_module().status_text(outcome, study, "now", "here", "results/verdict-lr")
     assert status.startswith("**Each at its own lr (now,") and "nonlinear better" in status
     assert "(linear-qknorm, nonlinear-qknorm) are still running: 3 of 16 test seeds have every arm's endpoint" in status
 
