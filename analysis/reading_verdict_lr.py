@@ -10,6 +10,10 @@ raises, with intervals to size them, not further tests.
 3. How robust the test's mean is to its largest pair: the seeds where nonlinear is worse, the median Δ with the
    Wilcoxon signed-rank test, and the mean Δ without the seed of the largest |Δ| (chosen after looking: a size,
    not a test).
+4. The 2 x 2 beside its declared family, once every test seed has all four arms: each arm's mean endpoint with its
+   interval, and each declared comparison read as 3 reads the primary one (signs, median with Wilcoxon, without
+   the primary test's largest-|Δ| seed: the same seed for every comparison), then that seed's stable runs in all
+   four arms.
 
     python analysis/reading_verdict_lr.py [--results results]
 """
@@ -22,6 +26,7 @@ from reading_the_verdict import by_seed, gap_over_training, interval, paired, ro
 from scipy import stats
 
 from nlq.runs.metrics import read_metrics
+from nlq.studies.stats import paired_difference
 from nlq.studies.tables import read_study
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +86,46 @@ def robustness(study_dir: Path, runs: list[dict]) -> list[str]:
               for v in sorted(stable))]
 
 
+def two_by_two(study_dir: Path, runs: list[dict]) -> list[str]:
+    s = read_study(study_dir)["settings"]
+    arms = s["primary"] + s["secondary"]
+    where = {"stage": "budget", "tpp": TPP}
+    loss = {arm: by_seed(runs, "full_val_loss", variant=arm, **where) for arm in arms}
+    seeds = sorted(set(s["seeds"]).intersection(*(loss[arm].keys() for arm in arms)))
+    if len(seeds) < len(s["seeds"]):
+        return [f"{len(seeds)} of {len(s['seeds'])} test seeds have all four arms; read once all have."]
+    lines = [row("arm (whole val split, 300 tokens/param)", "seeds", "mean [95%]"), row(*["---"] * 3)]
+    for arm in arms:
+        p = paired_difference([loss[arm][seed] for seed in seeds], [0.0] * len(seeds))
+        lines.append(row(arm, p["n"], f"{p['mean']:.4f} [{p['low']:.4f}, {p['high']:.4f}]"))
+    primary = {seed: loss[s["primary"][1]][seed] - loss[s["primary"][0]][seed] for seed in seeds}
+    worst = max(primary, key=lambda seed: abs(primary[seed]))
+    lines += ["", row("declared comparison", "first arm worse on", "median Δ (Wilcoxon p)",
+                      f"mean Δ [95%] without seed {worst}"), row(*["---"] * 4)]
+    for member in s.get("secondary_family") or []:
+        if member == "interaction":
+            (nq, lq), (n, ln) = s["secondary"][::-1], s["primary"][::-1]
+            delta = {seed: (loss[nq][seed] - loss[lq][seed]) - (loss[n][seed] - loss[ln][seed]) for seed in seeds}
+            label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
+        else:
+            variant, baseline = member
+            delta = {seed: loss[variant][seed] - loss[baseline][seed] for seed in seeds}
+            label = f"{variant} - {baseline}"
+        rest = [delta[seed] for seed in seeds if seed != worst]
+        p = paired_difference(rest, [0.0] * len(rest))
+        lines.append(row(label, f"{sum(d > 0 for d in delta.values())} of {len(delta)}",
+                         f"{np.median(list(delta.values())):+.4f} ({stats.wilcoxon(list(delta.values())).pvalue:.2g})",
+                         f"{interval(p)} ({p['n']} seeds)"))
+    lines.append("")
+    for arm in arms:
+        for r in runs:
+            if r.get("stage") == "stable" and r["seed"] == worst and r["variant"] == arm:
+                records = [m for m in read_metrics(study_dir / "runs" / r["name"] / "metrics.jsonl") if "val_loss" in m]
+                lines.append(f"seed {worst}'s {arm} stable run, 128 fixed windows at each evaluation after step 0: "
+                             + ", ".join(f"{m['val_loss']:.3f}" for m in records[1:]))
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=ROOT / "results")
@@ -93,6 +138,8 @@ def main() -> None:
     print("\n".join(what_the_lr_did(runs, runs_of(args.results / "verdict"))))
     print("\n3. How robust the mean is to its largest pair\n")
     print("\n".join(robustness(study_dir, runs)))
+    print("\n4. The 2 x 2 beside its declared family (the test seeds)\n")
+    print("\n".join(two_by_two(study_dir, runs)))
 
 
 if __name__ == "__main__":

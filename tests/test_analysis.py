@@ -186,3 +186,22 @@ def test_reading_verdict_lr_agrees_with_the_committed_runs_and_the_decision():
         assert end.split("|")[5].strip() == f"{i['mean']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
     lr_rows = [line for line in out.splitlines() if "(verdict-lr) -" in line]
     assert len(lr_rows) == 3 and all(f"{len(seeds)} vs 14" in line for line in lr_rows)
+    # 4. the 2 x 2: each arm's mean over the seeds that have all four, and each declared comparison's sign count
+    arms = study["settings"]["primary"] + study["settings"]["secondary"]
+    complete = sorted(s for s in study["settings"]["seeds"] if all((arm, s) in loss for arm in arms))
+    if len(complete) < len(study["settings"]["seeds"]):
+        assert f"{len(complete)} of {len(study['settings']['seeds'])} test seeds have all four arms" in out
+        return
+    for arm in arms:
+        mean = sum(loss[(arm, s)] for s in complete) / len(complete)
+        assert re.search(rf"^\| {re.escape(arm)} \| {len(complete)} \| {mean:.4f} \[", out, re.MULTILINE), arm
+    family = json.loads((results / "verdict-lr" / "verdict.json").read_text())["secondary_family"]
+    for row in family:
+        line = next(line for line in out.splitlines() if line.startswith(f"| {row['comparison']} |"))
+        if row["member"] == "interaction":
+            (nq, lq), (n, ln) = study["settings"]["secondary"][::-1], study["settings"]["primary"][::-1]
+            delta = [(loss[(nq, s)] - loss[(lq, s)]) - (loss[(n, s)] - loss[(ln, s)]) for s in complete]
+        else:
+            delta = [loss[(row["member"][0], s)] - loss[(row["member"][1], s)] for s in complete]
+        assert sum(delta) / len(delta) == pytest.approx(row["mean"])  # the same seeds as the report
+        assert line.split("|")[2].strip() == f"{sum(d > 0 for d in delta)} of {len(complete)}"
