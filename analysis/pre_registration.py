@@ -14,7 +14,8 @@ several sds and numbers of pairs, and the fewest pairs with at least 70% power a
 
 With --pace N: the time verdict-lr's first N chains took (a chain: a stable run and its cooldown branch; from
 the start and end each run's summary.json records in results/verdict-lr), and what the rest of the study takes
-at that pace as two shards (the amendment's record of its cost).
+at that pace as two shards (the amendment's record of its cost); once all its chains have ended, their
+recorded run time in all.
 
     python analysis/pre_registration.py [--study verdict-lr] [--pace N]
 """
@@ -90,6 +91,11 @@ def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 1
           f"({', '.join(f'{m:.1f}' for m in waited)})"
           + (f"; {resumed} resumed from a checkpoint, left out (their records hold only the time after the resume)"
              if resumed else ""))
+    if left == 0:
+        hours = sum(m for _, m, _ in first) / 60
+        print(f"all {n} chains ended: their records' run time adds up to {hours:.1f} h, {hours / shards:.1f} h per shard "
+              f"as {shards} shards (a lower bound: a resumed chain's record holds only the time after the resume)")
+        return
     for label, per_chain in (("fastest third", statistics.mean(fastest)), ("median", statistics.median(ran))):
         print(f"the {left} chains left as {shards} shards at the {label} pace: {left * per_chain / shards / 60:.1f} h")
 

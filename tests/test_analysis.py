@@ -84,11 +84,15 @@ def test_the_pace_after_30_chains_is_what_its_record_and_the_readme_quote():
 def test_the_time_left_the_readme_quotes_is_the_pace_command_it_names():
     readme = " ".join((RESULTS_MD.parent.parent / "README.md").read_text().split())
     fast_mean, median, n, command_n = re.search(r"(\d+\.\d)-(\d+\.\d) min per chain per shard, the fastest third's "
-                                                r"mean and the median, measured on its first (\d+) chains: `python "
-                                                r"analysis/pre_registration.py --study verdict-lr --pace (\d+)`",
+                                                r"mean and the median, measured on (?:its first|all its) (\d+) chains: "
+                                                r"`python analysis/pre_registration.py --study verdict-lr --pace (\d+)`",
                                                 readme).groups()
     out = run("pre_registration.py", "--pace", n)
     assert n == command_n and f"median {median};" in out and f"mean {fast_mean})" in out
+    if "chains ended" in out:  # the study is done: the row quotes its recorded run time per shard
+        per_shard = re.search(r"(\d+\.\d) h per shard as 2 shards", out).group(1)
+        assert f"done: {per_shard} h of recorded run time per shard as 2 shards" in readme
+        return
     low, high = re.findall(r"at the (?:fastest third|median) pace: (\d+)\.\d h", out)
     assert f"~{low}-{high} h left as 2 shards" in readme or f"~{low}-{int(high) + 1} h left as 2 shards" in readme
 
