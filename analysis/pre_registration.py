@@ -94,7 +94,8 @@ def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 1
     if left == 0:
         hours = sum(m for _, m, _ in first) / 60
         print(f"all {n} chains ended: their records' run time adds up to {hours:.1f} h, {hours / shards:.1f} h per "
-              f"shard as {shards} shards (a lower bound: a resumed chain's record holds only the time after the resume)")
+              f"shard as {shards} shards (a lower bound: a resumed chain's record holds only the time after its "
+              "resume)")
         return
     for label, per_chain in (("fastest third", statistics.mean(fastest)), ("median", statistics.median(ran))):
         print(f"the {left} chains left as {shards} shards at the {label} pace: {left * per_chain / shards / 60:.1f} h")

@@ -83,8 +83,9 @@ def test_the_pace_after_30_chains_is_what_its_record_and_the_readme_quote():
 
 def test_the_time_left_the_readme_quotes_is_the_pace_command_it_names():
     readme = " ".join((RESULTS_MD.parent.parent / "README.md").read_text().split())
-    pattern = (r"(\d+\.\d)-(\d+\.\d) min per chain per shard, the fastest third's mean and the median, measured on "
-               r"(?:its first|all its) (\d+) chains: `python analysis/pre_registration.py --study verdict-lr --pace (\d+)`")
+    pattern = (r"(\d+\.\d)-(\d+\.\d) min per chain per shard, the fastest third's mean and the median, measured "
+               r"on (?:its first|all its) (\d+) chains: "
+               r"`python analysis/pre_registration.py --study verdict-lr --pace (\d+)`")
     fast_mean, median, n, command_n = re.search(pattern, readme).groups()
     out = run("pre_registration.py", "--pace", n)
     assert n == command_n and f"median {median};" in out and f"mean {fast_mean})" in out
