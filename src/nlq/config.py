@@ -109,6 +109,9 @@ class ModelConfig:
     position: Literal["learned", "rope"] = setting("learned", "learned absolute positions, or rotary (RoPE)")
     rope_theta: float = setting(10000.0, "RoPE's base wavelength")
     n_kv_head: int | None = setting(None, "grouped-query attention: key/value heads; None: n_head")
+    attn_gate: Literal["none", "elementwise", "headwise"] = setting(
+        "none", "output gate (Qiu et al. 2025, Qwen3-Next): the attention output times sigmoid(X W_g) before W_O, X "
+                "the block's normalised input; elementwise: W_g d x d, headwise: d x n_head (one gate per head)")
 
     def __post_init__(self) -> None:
         if self.projections.q is not None:  # one name per field: model.projections.q is read as model.query
@@ -170,8 +173,13 @@ class ModelConfig:
         d = self.n_embd
         positions = self.block_size * d if self.position == "learned" else 0
         embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2) + positions
-        attention = 3 * d * d + max(d * d, 2 * d * self.rank)
+        attention = 3 * d * d + max(d * d, 2 * d * self.rank) + d * self.gate_width
         return embeddings + self.n_layer * (attention + 2 * d * self.mlp_hidden)
+
+    @property
+    def gate_width(self) -> int:
+        """Output units of the attention output gate's W_g: d (elementwise), n_head (headwise), 0 (none)."""
+        return {"none": 0, "elementwise": self.n_embd, "headwise": self.n_head}[self.attn_gate]
 
 
 @dataclass

@@ -86,6 +86,8 @@ class Attention(nn.Module):
             self.o_proj.is_residual_output = True
         else:
             self.o_proj = build_projection(names["o"], cfg)
+        if cfg.gate_width:  # the output gate's logits X W_g: (B, T, d) elementwise, (B, T, nh) headwise
+            self.gate_proj = nn.Linear(cfg.n_embd, cfg.gate_width, bias=False)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps)
@@ -103,7 +105,9 @@ class Attention(nn.Module):
         return self.k_proj.output_scale if hasattr(self, "k_proj") else 1.0
 
     def _input_projections(self) -> list[nn.Module]:
-        return [self.q_proj, self.kv_proj] if hasattr(self, "kv_proj") else [self.q_proj, self.k_proj, self.v_proj]
+        """q, then kv (or k and v), then the output gate's logits where there is a gate: all read x."""
+        inputs = [self.q_proj, self.kv_proj] if hasattr(self, "kv_proj") else [self.q_proj, self.k_proj, self.v_proj]
+        return inputs + [self.gate_proj] if hasattr(self, "gate_proj") else inputs
 
     def _project_inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """q, then kv (or k and v), from x (B, T, C). Fused: one matmul X [W_q | W_kv] for all of them (the
@@ -152,7 +156,10 @@ class Attention(nn.Module):
             )  # (B, nh, T, hs)
         else:
             y = self._math_attention(q, k, v, attn_mask, dropout)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2)  # (B, T, nh, hs)
+        if hasattr(self, "gate_proj"):  # Y * sigmoid(X W_g): per element, or one gate per head broadcast over hs
+            y = y * torch.sigmoid(projected[-1].view(B, T, self.n_head, -1))
+        y = y.contiguous().view(B, T, C)  # (B, T, C)
         out = self.o_proj(y)
         if getattr(self.o_proj, "output_scale", 1.0) != 1.0:
             out = out * self.o_proj.output_scale
@@ -372,7 +379,8 @@ class Transformer(nn.Module):
 PARAMETER_KINDS = [
     ("tok_emb", "token embedding"), ("pos_emb", "position embedding"), ("attn.q_proj", "attention query"),
     ("attn.kv_proj", "attention key/value"), ("attn.k_proj", "attention key/value"),
-    ("attn.v_proj", "attention key/value"), ("attn.o_proj", "attention output"), ("mlp.", "mlp"),
+    ("attn.v_proj", "attention key/value"), ("attn.o_proj", "attention output"), ("attn.gate_proj", "attention gate"),
+    ("mlp.", "mlp"),
     ("lm_head", "lm head (untied)"),
 ]
 
