@@ -247,7 +247,7 @@ def test_gated_attention_with_qk_norm_equals_qwen3_next_full_attention(rope, kv_
     if rope:
         cos, sin = rotary_tables(hs, T, cfg.rope_theta)
         ours_out = ours(x, rotary=(cos, sin))
-        position = (torch.cat([cos, cos], -1)[None].expand(2, -1, -1), torch.cat([sin, sin], -1)[None].expand(2, -1, -1))
+        position = tuple(torch.cat([t, t], -1)[None].expand(2, -1, -1) for t in (cos, sin))
     else:
         ours_out = ours(x)
         position = (torch.ones(2, T, hs), torch.zeros(2, T, hs))

@@ -42,7 +42,8 @@ def cmd_info(args: argparse.Namespace, overrides: list[str]) -> None:
     placements = " ".join(f"{k}={v}" for k, v in m.placements.items())
     print(f"preset {args.preset}: projections {placements}; n_layer={m.n_layer} n_embd={m.n_embd} n_head={m.n_head} "
           f"mlp_ratio={m.mlp_ratio} (hidden {m.mlp_hidden}) block_size={m.block_size} vocab_size={m.vocab_size} "
-          f"causal={m.causal} tie_embeddings={m.tie_embeddings}" + (f" attn_gate={m.attn_gate}" if m.gate_width else ""))
+          f"causal={m.causal} tie_embeddings={m.tie_embeddings}"
+          + (f" attn_gate={m.attn_gate}" if m.gate_width else ""))
     print(f"{'module kind':<24}{'parameters':>14}")
     for kind, count in model.parameter_groups().items():
         print(f"{kind:<24}{count:>14,}")
