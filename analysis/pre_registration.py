@@ -17,7 +17,12 @@ the start and end each run's summary.json records in results/verdict-lr), and wh
 at that pace as two shards (the amendment's record of its cost); once all its chains have ended, their
 recorded run time in all.
 
-    python analysis/pre_registration.py [--study verdict-lr] [--pace N]
+With --study gate-lr: the paired sds verdict-lr measured on its 16 test seeds for each declared comparison (the
+QK-norm pairs are the ones gate-lr's arms resemble), with the upper one-sided 80% bound of the QK-norm pair's; then
+the power table at gate-lr's planning difference and margin. With --pace N it reads gate-lr's chains (93 to train:
+its borrowed arms are verdict-lr's).
+
+    python analysis/pre_registration.py [--study verdict-lr|gate-lr] [--pace N]
 """
 
 import argparse
@@ -75,6 +80,14 @@ def chain_minutes(study_dir: Path) -> list[tuple[str, float, bool]]:
     return sorted(out)
 
 
+def chains_to_train(study: str) -> int:
+    """A grid plan's chains without edge extensions: every arm it trains (not borrowed) at every grid lr on every
+    selection seed, and on every test seed."""
+    design = load_plan(SHIPPED / f"{study}.toml").design
+    arms = len(design["primary"]) + len(design.get("secondary") or []) - len(design.get("borrowed") or {})
+    return arms * (len(design["lrs"]) * len(design["selection_seeds"]) + len(design["seeds"]))
+
+
 def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 124, shards: int = 2) -> None:
     first = chain_minutes(study_dir)[:n]
     if len(first) < n:
@@ -103,12 +116,21 @@ def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 1
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--study", choices=["verdict", "verdict-lr"], default="verdict")
-    parser.add_argument("--pace", type=int, metavar="N", help="the pace of verdict-lr's first N chains, then exit")
+    parser.add_argument("--study", choices=["verdict", "verdict-lr", "gate-lr"], default="verdict")
+    parser.add_argument("--pace", type=int, metavar="N", help="the pace of the study's first N chains (verdict-lr "
+                                                              "unless --study gate-lr), then exit")
     args = parser.parse_args()
     if args.pace:
-        return pace(args.pace)
-    if args.study == "verdict":
+        study = "gate-lr" if args.study == "gate-lr" else "verdict-lr"
+        return pace(args.pace, RESULTS / study, chains_to_train(study))
+    if args.study == "gate-lr":
+        family = json.loads((RESULTS / "verdict-lr" / "verdict.json").read_text())["secondary_family"]
+        for row in family:
+            print(f"verdict-lr, {row['comparison']}: paired sd {row['sd']:.4f} on {row['n'] - 1} df")
+        row = next(r for r in family if r["comparison"] == "nonlinear-qknorm - linear-qknorm")
+        sd, df = row["sd"], row["n"] - 1
+        source, pairs, sds = "paired sd of verdict-lr's QK-norm pair", [12, 14, 16, 18, 20], (0.02, 0.025, 0.03, 0.04)
+    elif args.study == "verdict":
         sd, df = pooled_paired_sd(SHARED_LR)
         source, pairs, sds = f"pooled paired sd of {SHARED_LR.parent.name}", [10, 12, 14, 16], (0.03, 0.04, 0.045, 0.05)
     else:

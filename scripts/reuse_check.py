@@ -4,9 +4,10 @@ plan pair its arms against that study's runs (`borrow` in a plan's [[arms]]) ins
     python scripts/reuse_check.py results/verdict-lr linear-qknorm:0.008:211 --out DIR --data DATA_DIR
 
 Each ARM:LR:SEED names one WSD chain of the study's plan (its stable run and its budgets' branches). They are trained
-into DIR/runs exactly as the study trains them (one thread), then every number of every run's metrics.jsonl (its
-timings aside) and summary.json is compared with the committed run's. DIR/reuse_check.json records the commit, the
-chains, and per run the largest absolute difference (0.0: bitwise equal). Started again, it skips finished runs.
+into DIR/runs exactly as the study trains them (one thread), then every number of every committed run's metrics.jsonl
+line (timings aside) and summary.json is compared with the retrained run's. DIR/reuse_check.json records the chains
+and per run the commit it was retrained at and the largest absolute difference (0.0: bitwise equal). Started again,
+it skips finished runs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 
 from nlq.errors import UserError
 from nlq.fileio import read_json, write_json
-from nlq.provenance import code_version
 from nlq.studies.engine import chains, plan_study
 from nlq.studies.plan import read_plan
 from nlq.studies.study import _run_stage
@@ -43,16 +43,19 @@ def numbers(record: dict, prefix: str = "") -> dict[str, float]:
 
 
 def largest_difference(committed: Path, retrained: Path) -> float:
-    """The largest absolute difference between two runs' numbers (metrics.jsonl line by line, and summary.json);
-    inf where one has a record or a number the other lacks."""
-    def lines(run: Path) -> list[dict]:
-        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The largest absolute difference between a committed run's numbers and a retrained one's: every line of the
+    committed metrics.jsonl (thinned by `nlq report --collect` to its evaluations and every 100th step) against the
+    retrained line of the same step and kind, and summary.json; inf where one lacks a line or a number."""
+    def lines(run: Path) -> dict[tuple, dict]:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        return {(row["step"], "val_loss" in row): row for row in rows}
 
-    a, b = lines(committed), lines(retrained)
-    pairs = list(zip(a, b)) + [(read_json(committed / "summary.json", "a run summary"),
-                                read_json(retrained / "summary.json", "a run summary"))]
-    if len(a) != len(b):
+    kept, retrained_lines = lines(committed), lines(retrained)
+    if not set(kept) <= set(retrained_lines):
         return math.inf
+    pairs = [(row, retrained_lines[key]) for key, row in kept.items()]
+    pairs.append((read_json(committed / "summary.json", "a run summary"),
+                  read_json(retrained / "summary.json", "a run summary")))
     worst = 0.0
     for x, y in pairs:
         nx, ny = numbers(x), numbers(y)
@@ -85,10 +88,12 @@ def main(argv: list[str] | None = None) -> dict:
         _run_stage(runs, configs, out, print, {})
         for run in runs:
             worst = largest_difference(source / "runs" / run.name, out / "runs" / run.name)
-            results.append({"run": run.name, "largest_difference": worst, "bitwise": worst == 0.0})
+            summary = read_json(out / "runs" / run.name / "summary.json", "a run summary")
+            code = (summary.get("record") or {}).get("code")
+            results.append({"run": run.name, "code": code, "largest_difference": worst, "bitwise": worst == 0.0})
             print(f"{run.name}: largest difference {worst:g}" + (" (bitwise equal)" if worst == 0.0 else ""))
-    report = {"study": described["name"], "committed_code": described["code"], "code": code_version(),
-              "chains": args.chains, "runs": results}
+    report = {"study": described["name"], "committed_code": described["code"], "chains": args.chains,
+              "runs": results}
     write_json(out / "reuse_check.json", report)
     return report
 

@@ -276,6 +276,19 @@ def test_the_checkpoints_folder_resolves_to_the_runs_latest_checkpoint(trained_r
     assert resolve_checkpoint(trained_run / "checkpoints") == latest_checkpoint(trained_run) is not None
 
 
+def test_the_code_a_run_records_is_read_when_it_starts_not_when_it_ends(byte_data, tmp_path, monkeypatch):
+    """A study trains for hours while its checkout may change: the commit is read (and cached) before the first step,
+    so the record names the tree the process imported, not the one it finds at the end."""
+    from nlq.training import trainer
+
+    steps = []
+    real_lr_at = trainer.lr_at
+    monkeypatch.setattr(trainer, "lr_at", lambda step, cfg: steps.append(step) or real_lr_at(step, cfg))
+    monkeypatch.setattr(trainer, "code_version", lambda: "after a step" if steps else "before the first step")
+    train(tiny_run_config(byte_data, max_steps=3), tmp_path / "run", quiet=True)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["record"]["code"] == "before the first step"
+
+
 def test_run_records_code_times_and_first_batch_equal_within_a_pair(byte_data, tmp_path):
     """Pairing and timing can be checked from the files alone: the members of a pair (same seed, other query)
     record the same first-batch hash, another seed another; a branch records the batch it starts at."""

@@ -18,7 +18,9 @@ from nlq.fileio import read_json
 @functools.lru_cache(maxsize=1)
 def code_version() -> str | None:
     """The git commit of nlq's source tree ("+dirty" with uncommitted changes to it); None outside a git checkout.
-    Read once per process: the code a process runs is the code it imported at its start."""
+    Read once per process and cached: the code a process runs is the code it imported at its start, so a caller
+    reads it when it starts (the trainer does, before its first step), not when it writes its record hours later
+    from a tree that may have changed since."""
     source = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10)

@@ -6,7 +6,8 @@ chains round-robin each get every arm and a pair ends at about the same time. A 
 `design.min_lr`) trains its primary arms, then its secondary ones. A plan with an lr grid (`design.lrs`,
 `design.min_lr_ratio`) first trains every arm at every grid lr on selection seeds that are never tested, extends
 the grid by the edge rule stage by stage while an arm's best lr sits at an edge, and then trains each arm at its
-selected lr on the test seeds, the primary arms first. The report of both is plan_report.py.
+selected lr on the test seeds, the primary arms first. An arm borrowed from another committed study (borrow.py) is
+never trained: its selection and test endpoints are that study's. The report of both is plan_report.py.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from nlq.config import update
 from nlq.errors import UserError
 from nlq.fileio import read_json
 from nlq.runs.rundir import DIVERGED
+from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
 from nlq.studies.plan import Plan
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.study import Run, Study
-from nlq.studies.wsd import wsd_chain
+from nlq.studies.wsd import non_embedding_parameters, wsd_chain
 
 
 def has_grid(settings: dict) -> bool:
@@ -28,12 +31,12 @@ def has_grid(settings: dict) -> bool:
 
 
 def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]]) -> list[Run]:
-    """One WSD chain per (seed, arm, lr). A grid plan names its runs with their lr and sets min lr = lr x
-    min_lr_ratio; a one-lr plan keeps the lr out of the names and takes its min lr as registered."""
+    """One WSD chain per (seed, arm, lr), borrowed arms left out. A grid plan names its runs with their lr and sets
+    min lr = lr x min_lr_ratio; a one-lr plan keeps the lr out of the names and takes its min lr as registered."""
     s = study.settings
     runs = []
     for i, seed in enumerate(seeds):
-        arms = [v for v in study.variants if lrs.get(v.name)]
+        arms = [v for v in study.variants if lrs.get(v.name) and v.name not in borrowed_arms(s)]
         arms = arms if i % 2 == 0 else arms[::-1]
         for lr in sorted({lr for v in arms for lr in lrs[v.name]}):
             min_lr = lr * s["min_lr_ratio"] if has_grid(s) else s["min_lr"]
@@ -91,19 +94,29 @@ def selection(ended: dict[tuple[str, float, int], float | None], s: dict, arms: 
     return out
 
 
+def run_records(study_dir: Path, study: dict) -> list[dict]:
+    """study.json's run records, then those of the arms borrowed from other studies (with "dir", where they are)."""
+    return study.get("runs", []) + borrowed_records(study_dir, study)
+
+
+def run_dir_of(study_dir: Path, record: dict) -> Path:
+    return Path(record["dir"]) if "dir" in record else study_dir / "runs" / record["name"]
+
+
 def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str, float, int], float | None]:
     """(arm, lr, seed) -> the endpoint of its primary-budget run, or None if it (or its chain) diverged; runs still
-    to come are absent."""
+    to come are absent. Borrowed arms' runs are read where they are, and must record the commit borrowed at."""
     s = study["settings"]
     out = {}
-    for r in study.get("runs", []):
+    for r in run_records(study_dir, study):
         if r.get("stage") != "budget" or r.get("tpp") != s["primary_tpp"] or r["seed"] not in seeds:
             continue
-        run_dir = study_dir / "runs" / r["name"]
+        run_dir = run_dir_of(study_dir, r)
         if (run_dir / DIVERGED).is_file():
             out[(r["variant"], r["lr"], r["seed"])] = None
         elif (run_dir / "summary.json").is_file():
             summary = read_json(run_dir / "summary.json", "a run summary")
+            check_commit(summary, r)
             out[(r["variant"], r["lr"], r["seed"])] = summary.get(s["endpoint"])
     return out
 
@@ -124,6 +137,10 @@ def selected_lrs(study: Study, study_dir: Path):
         now = means()
         more = {arm: [step] for arm in arms if (step := grid_step(now[arm], s)["next"]) is not None}
         unended = [arm for arm in arms if any(lr not in now[arm] for lr in s["lrs"])]
+        lent = [arm for arm in unended + list(more) if arm in borrowed_arms(s)]
+        if lent:
+            raise UserError(f"arm {lent[0]} is borrowed from study {borrowed_arms(s)[lent[0]]['study']}, whose "
+                            "selection of it has not ended; finish that study first")
         if unended or any((arm, lr[0]) in asked for arm, lr in more.items()):
             raise UserError(f"the selection runs of {study.name} have not all ended; run the study again to "
                             "finish them")
@@ -137,6 +154,23 @@ def selected_lrs(study: Study, study_dir: Path):
         raise UserError(f"every lr of {', '.join(out)} diverged in the selection; the test cannot run (the "
                         "pre-registration says so); nlq report shows the selection")
     return chosen
+
+
+def arms_text(study: Study) -> str:
+    """Each arm's exact non-embedding parameter count at the design's shape, against the baseline's (for --dry-run),
+    and where an arm is borrowed from."""
+    s = study.settings
+    counts = {v.name: non_embedding_parameters(update(update(study.base, v.changes), {"model": s["shape"]}))
+              for v in study.variants}
+    baseline = s["primary"][0]
+    lines = []
+    for arm, count in counts.items():
+        extra = count - counts[baseline]
+        share = f" ({extra:+,}, {extra / counts[baseline]:+.1%} vs {baseline})" if arm != baseline else " (baseline)"
+        borrow = borrowed_arms(s).get(arm)
+        lent = f"; borrowed from study {borrow['study']} at commit {borrow['commit'][:12]}" if borrow else ""
+        lines.append(f"arm {arm}: {count:,} non-embedding parameters at {s['width']}{share}{lent}")
+    return "\n".join(lines)
 
 
 def power_text(s: dict) -> str:
@@ -164,13 +198,14 @@ def plan_study(plan: Plan) -> Study:
                   report="plan", settings=dict(s), plan=plan.raw)
 
     def stages(study_dir: Path):
+        borrowed_records(study_dir, {"settings": s, "plan": plan.raw})  # a borrowed arm must be the same experiment
         if has_grid(s):
             chosen = yield from selected_lrs(study, study_dir)
         else:
             chosen = {v.name: s["lr"] for v in plan.arms}
         for group in (s["primary"], s.get("secondary") or []):  # the primary arms' test runs first
             lrs = {arm: [chosen[arm]] for arm in group if chosen[arm] is not None}  # an arm out of every lr: no test
-            if lrs:
+            if set(lrs) - set(borrowed_arms(s)):
                 yield chains(study, study_dir, s["seeds"], lrs)
 
     study.stages = stages

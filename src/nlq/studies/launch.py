@@ -17,7 +17,7 @@ from nlq.errors import UserError
 def study_command(name: str, out: str, data: str | None, overrides: list[str], shard: str | None,
                   shards: int | None, dry_run: bool) -> None:
     """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
-    from nlq.studies.engine import power_text
+    from nlq.studies.engine import arms_text, power_text
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.sharding import parse_shard
     from nlq.studies.study import plan_text, run_study
@@ -36,6 +36,7 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
             for one in chosen:
                 print(plan_text(study, out, overrides, data_dir=data, shard=one))
             if study.plan is not None:
+                print(arms_text(study))
                 print(power_text(study.settings))
             return
         run_study(study, out, overrides, data_dir=data, shard=chosen[0])

@@ -100,7 +100,10 @@ def read_plan(raw: dict, where: str = "the plan", base: Path | None = None) -> P
         fail(f"data.{extra[0]}", "is not known; data has source, tokenizer and val_fraction")
     base = _base(_table(raw, "base", fail), fail)
     arms = _arms(raw.get("arms"), base, fail)
-    design = _design(_table(raw, "design", fail), [a.name for a in arms], fail)
+    design = _design(dict(_table(raw, "design", fail)), [a.name for a in arms], fail)
+    borrowed = {arm["name"]: _borrow(arm["borrow"], f"arms[{i}].borrow", fail)
+                for i, arm in enumerate(raw["arms"]) if "borrow" in arm}
+    design |= {"borrowed": borrowed} if borrowed else {}
     spec = DataSpec(data["source"], data["tokenizer"], **({"val_fraction": float(data["val_fraction"])}
                                                           if "val_fraction" in data else {}))
     description = raw.get("description", f"plan {name}")
@@ -138,7 +141,7 @@ def _arms(arms, base: RunConfig, fail) -> list[Variant]:
         name = arm.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+_-]*", name):
             fail(f"arms[{i}].name", f"is {name!r}; give a name of letters, digits, '.', '+', '_' or '-'")
-        changes = {k: v for k, v in arm.items() if k not in ("name", "note")}
+        changes = {k: v for k, v in arm.items() if k not in ("name", "note", "borrow")}
         for key, value in changes.items():
             if key not in SECTIONS or not isinstance(value, dict):
                 fail(f"arms[{i}].{key}", f"is not a config section table; an arm sets {', '.join(SECTIONS)}")
@@ -154,6 +157,20 @@ def _arms(arms, base: RunConfig, fail) -> list[Variant]:
     return out
 
 
+COMMIT = re.compile(r"[0-9a-f]{7,40}")
+
+
+def _borrow(value, field: str, fail) -> dict:
+    """An arm's `borrow = { study = "NAME", commit = "HEX" }`: the committed study whose runs of this arm it reuses
+    (studies/borrow.py), and the commit those runs record."""
+    if not (isinstance(value, dict) and set(value) == {"study", "commit"} and isinstance(value["study"], str)
+            and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value["study"]) and isinstance(value["commit"], str)
+            and COMMIT.fullmatch(value["commit"])):
+        fail(field, f"is {value!r}; give {{ study = \"NAME\", commit = \"HEX\" }}: the committed plan study whose "
+                    "runs of this arm are reused and the commit (7 to 40 hex digits) they were trained at")
+    return dict(value)
+
+
 def check_settings(settings, where: str) -> dict:
     """A study's settings as study.json holds them (a plan's design), checked as a plan file's design is: a
     study.json edited by hand is a one-line error naming the field, not a traceback in its report."""
@@ -163,7 +180,13 @@ def check_settings(settings, where: str) -> dict:
     if not isinstance(settings, dict) or not isinstance(settings.get("primary"), list):
         fail("settings", "are missing or hold no design.primary")
     arms = [a for a in settings["primary"] + (settings.get("secondary") or []) if isinstance(a, str)]
-    return _design(dict(settings), arms, fail)
+    design = dict(settings)
+    borrowed = design.pop("borrowed", None)
+    if borrowed is not None and not (isinstance(borrowed, dict) and set(borrowed) <= set(arms)):
+        fail("settings.borrowed", f"is {borrowed!r}; it maps arm names to {{study, commit}}")
+    for arm, value in (borrowed or {}).items():
+        _borrow(value, f"settings.borrowed.{arm}", fail)
+    return _design(design, arms, fail) | ({"borrowed": borrowed} if borrowed else {})
 
 
 def _design(design: dict, arms: list[str], fail) -> dict:

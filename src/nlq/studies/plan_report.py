@@ -15,10 +15,11 @@ import math
 from pathlib import Path
 
 from nlq.fileio import atomic_write, read_json, write_json
-from nlq.studies.engine import endpoints, has_grid, lr_means, selection
+from nlq.studies.borrow import borrowed_arms
+from nlq.studies.engine import endpoints, has_grid, lr_means, run_dir_of, run_records, selection
 from nlq.studies.plan import check_settings
 from nlq.studies.plots import plt, save_figure
-from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed
+from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed, power_paired_t, sd_interval
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 
 
@@ -74,7 +75,7 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": primary_tpp, "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
-    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir)
+    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, no_effect(study))
     lines += one_lr_secondaries(loss, s, baseline, method)
     lines += ["", "Plot: `verdict_deltas.png` (each seed's Δ, the mean with its 95% interval, the equivalence "
               "margins).", ""]
@@ -107,7 +108,7 @@ def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: flo
 
 
 def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str,
-                    study_dir: Path) -> list[str]:
+                    study_dir: Path, no_effect_words: str) -> list[str]:
     interval, tost = decision["interval"], decision["tost"]
     base_mean, base_sd = mean_std([b for _, b, _ in pairs])
     lines = [f"**Verdict: {decision['words']}.**", "",
@@ -118,7 +119,11 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
              f"p = {tost['p_upper']:.3g} against Δ >= +{s['margin']:g}; {1 - 2 * s['alpha']:.0%} interval "
              f"[{tost['low']:+.4f}, {tost['high']:+.4f}] "
              + ("inside" if tost["equivalent"] else "not inside") + f" ±{s['margin']:g};",
-             f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole val split ({len(pairs)} seeds)."]
+             f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole val split ({len(pairs)} seeds);",
+             realised_power(interval, s)]
+    deltas = [v - b for _, b, v in pairs]
+    lines += one_pair_decides([seed for seed, _, _ in pairs], deltas, s["confidence"], "the decision", lambda d: decide(
+        d, s["margin"], s["confidence"], s["alpha"], method, no_effect_words)["words"])
     if decision["verdict"] == "inconclusive":
         needed = pairs_needed(s["margin"], interval["sd"])
         lines.append("- What would settle it: at the observed paired sd, a new study of "
@@ -126,12 +131,52 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
                      "nats (seeds are not added to this one).")
     windows = paired_difference([loss[(method, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs],
                                 [loss[(baseline, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs])
-    first = loss[(baseline, pairs[0][0], s["primary_tpp"])]["name"]
-    lines += ["", f"The same pairs on the {fixed_windows(study_dir / 'runs' / first)}: Δ {windows['mean']:+.4f} "
+    first = run_dir_of(study_dir, loss[(baseline, pairs[0][0], s["primary_tpp"])])
+    lines += ["", f"The same pairs on the {fixed_windows(first)}: Δ {windows['mean']:+.4f} "
               f"{interval_text(windows)}.", "",
               f"| seed | {baseline} | {method} | Δ |", "|---|---|---|---|"]
     lines += [f"| {seed} | {b:.4f} | {v:.4f} | {v - b:+.4f} |" for seed, b, v in pairs]
     return lines
+
+
+def realised_power(interval: dict, s: dict) -> str:
+    """The power the test had at the paired sd it observed (with that sd's interval) beside the power planned, and
+    which sizes of effect its interval excludes."""
+    n, sd, confidence = interval["n"], interval["sd"], s["confidence"]
+    effect = s.get("planning_difference", s["margin"])
+    low, high = sd_interval(sd, n, confidence)
+    kept = [f"{e:+g}" for e in (-effect, effect) if interval["low"] < e < interval["high"]]
+    planned = power_paired_t(effect, s["planning_sd"], n, confidence)
+    return (f"- power as realised: at the observed paired sd {sd:.4f} ({confidence:.0%} interval {low:.4f} to "
+            f"{high:.4f}) the {n} pairs find a true Δ of {effect:g} with probability "
+            f"{power_paired_t(effect, sd, n, confidence):.2f} (planned: {planned:.2f} at sd {s['planning_sd']:g}); "
+            f"the interval excludes a true Δ below {interval['low']:+.4f} or above "
+            f"{interval['high']:+.4f}" + (f"; it does not exclude a true Δ of {' or '.join(kept)}." if kept else "."))
+
+
+def one_pair_decides(seeds: list[int], deltas: list[float], confidence: float, what: str, words_of) -> list[str]:
+    """Exploratory lines (the pair is found after looking): each pair whose removal alone would change the words of
+    `what` (words_of(deltas)), the most influential first: its share of the mean and the estimate without it."""
+    words, total = words_of(deltas), sum(deltas)
+    mean = total / len(deltas)
+    order = sorted(range(len(deltas)), key=lambda i: -abs(deltas[i] - mean))
+    lines = []
+    for rank, i in enumerate(order):
+        rest = deltas[:i] + deltas[i + 1:]
+        if len(rest) < 2 or words_of(rest) == words:
+            continue
+        p = paired_difference(rest, [0.0] * len(rest), confidence)
+        share = f"{deltas[i] / total:+.0%} of the mean" if total else "the mean is 0"
+        which = "the most influential pair" if rank == 0 else f"the {ordinal(rank + 1)} most influential"
+        lines.append(f"- exploratory (a pair found after looking): {what} rests on one pair. Seed {seeds[i]}, "
+                     f"{which}, has Δ {deltas[i]:+.4f} ({share}); without it Δ is {p['mean']:+.4f} "
+                     f"{interval_text(p)} over {len(rest)} pairs, which would read \"{words_of(rest)}\" instead of "
+                     f"\"{words}\".")
+    return lines[:3]
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def fixed_windows(run_dir: Path) -> str:
@@ -168,7 +213,18 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
     for (variant, tpp, p), p_holm in zip(rows, adjusted):
         lines.append(f"| {variant} | {tpp:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | "
                      f"{p_holm:.3g} | {reading(p, p_holm, s)} |")
-    return lines
+    fragile = []
+    for index, (variant, tpp, _) in enumerate(rows):
+        pairs = pairs_of(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
+
+        def words_of(d: list[float], index=index) -> str:  # this comparison's reading, the others' p as they are
+            p = paired_difference(d, [0.0] * len(d), s["confidence"])
+            others = [r[2]["p"] for r in rows]
+            return reading(p, holm(others[:index] + [p["p"]] + others[index + 1:] + [1.0] * (len(family) - len(rows)))[
+                index], s)
+        fragile += one_pair_decides([seed for seed, _, _ in pairs], [v - b for _, b, v in pairs], s["confidence"],
+                                    f"the reading of {variant} at {tpp:g} tokens/param", words_of)
+    return lines + ([""] + fragile if fragile else [])
 
 
 def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str, name: str) -> None:
@@ -208,7 +264,7 @@ def grid_report(study_dir: Path, study: dict) -> str:
     picked = endpoints(study_dir, study, s["selection_seeds"])
     chosen = selection(picked, s, arms)
     curve = lr_curve(picked, s, arms)
-    lines += selection_table(curve, chosen, s, arms)
+    lines += selection_table(curve, chosen, s, arms) + borrowed_text(s)
     outcome = {"registered_pairs": len(s["seeds"]), "finished_pairs": {method: 0},
                "selected_lrs": {arm: chosen[arm]["lr"] for arm in chosen} or None,
                "at_edge": {arm: chosen[arm]["edge"] for arm in chosen}, "lr_curve": curve}
@@ -225,9 +281,10 @@ def grid_report(study_dir: Path, study: dict) -> str:
                                            for arm in arms if arm not in out) + "."]
     if out:
         lines.append(f"Out (every lr diverged): {', '.join(out)}; their comparisons are not made.")
-    lines += selection_comparisons(picked, chosen, s, baseline, method)
+    margin_lines, outcome["selection_margins"] = selection_margins(picked, chosen, s, arms)
+    lines += margin_lines + selection_comparisons(picked, chosen, s, baseline, method)
 
-    runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
+    runs = [r for r in load_summaries(study_dir, {"runs": run_records(study_dir, study)}) if r.get("stage") == "budget"]
     loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs
             if r["seed"] in s["seeds"] and chosen[r["variant"]]["lr"] is not None
             and r["lr"] == chosen[r["variant"]]["lr"]}
@@ -248,7 +305,7 @@ def grid_report(study_dir: Path, study: dict) -> str:
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}
     if diverged:
         lines += [f"Pairs with a diverged run, left out of the test: seeds {', '.join(map(str, diverged))}.", ""]
-    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir)
+    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, no_effect(study))
     family_lines, family = secondary_family(loss, s, [arm for arm in arms if arm not in out])
     lines += family_lines
     outcome["secondary_family"] = family
@@ -262,6 +319,20 @@ def grid_report(study_dir: Path, study: dict) -> str:
     write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss", "full_val_loss"])
     return write_outcome(study_dir, lines, outcome)
+
+
+def borrowed_text(s: dict) -> list[str]:
+    """Beside the selection table: which arms are another committed study's runs, and the commit they ran at."""
+    borrowed = borrowed_arms(s)
+    if not borrowed:
+        return []
+    by_source: dict[tuple, list[str]] = {}
+    for arm, borrow in borrowed.items():
+        by_source.setdefault((borrow["study"], borrow["commit"]), []).append(arm)
+    return ["", "Borrowed arms (not trained in this study; their selection and test runs are another committed "
+            "study's, read from its directory beside this one): " + "; ".join(
+                f"{', '.join(arms)} from study `{study}` at commit `{commit[:12]}`"
+                for (study, commit), arms in by_source.items()) + "."]
 
 
 def design_text(study: dict) -> str:
@@ -316,6 +387,36 @@ def selection_table(curve: dict, chosen: dict, s: dict, arms: list[str]) -> list
             lines.append(f"| {arm} | {row['lr']:g}{mark} | {row['ended']} of {len(s['selection_seeds'])} | {mean} | "
                          f"{interval} | {row['diverged']} |")
     return lines
+
+
+def selection_margins(picked: dict, chosen: dict, s: dict, arms: list[str]) -> tuple[list[str], dict]:
+    """How firm each selection is: the runner-up lr (the next lowest mean), the margin (runner-up - selected, mean over
+    the selection seeds) with the paired sd of that difference, and on how many selection seeds the selected lr was
+    the best of every lr the arm tried with finite runs. A close call: not best on every seed."""
+    seeds, rows = s["selection_seeds"], {}
+    for arm in arms:
+        best = chosen[arm]["lr"]
+        means = {lr: m for lr, m in lr_means(picked, arm, seeds).items() if m is not None}
+        runner_up = min((lr for lr in means if lr != best), key=lambda lr: (means[lr], lr), default=None)
+        if best is None or runner_up is None:
+            continue
+        d = [picked[(arm, runner_up, seed)] - picked[(arm, best, seed)] for seed in seeds]
+        won = sum(all(picked[(arm, best, seed)] <= picked[(arm, lr, seed)] for lr in means) for seed in seeds)
+        rows[arm] = {"lr": best, "runner_up": runner_up, "margin": sum(d) / len(d), "sd": mean_std(d)[1], "won": won}
+    if not rows:
+        return [], rows
+    lines = ["", "How firm each selection is (the runner-up: the lr with the next lowest mean; margin = its mean - the "
+             f"selected lr's, with the paired sd of that difference over the {len(seeds)} selection seeds):", "",
+             "| arm | selected | runner-up | margin | paired sd | selection seeds where the selected lr was best |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {arm} | {r['lr']:g} | {r['runner_up']:g} | {r['margin']:+.4f} | {r['sd']:.4f} | {r['won']} of "
+              f"{len(seeds)} |" for arm, r in rows.items()]
+    close = [f"{arm} ({r['won']} of {len(seeds)})" for arm, r in rows.items() if r["won"] < len(seeds)]
+    if close:
+        lines += ["", f"Close calls (the selected lr not the best on every selection seed): {', '.join(close)}. "
+                  "Another draw of selection seeds could have selected another lr for them; the test holds each arm "
+                  "at the lr selected, as registered."]
+    return lines, rows
 
 
 def paper_protocol_lr(method_lr: float, baseline_lrs: list[float], ratio: float) -> float:
@@ -386,7 +487,7 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
         return lines + [f"{len(complete)} of {len(s['seeds'])} test seeds have every arm's endpoint; the family is "
                         "computed once all have."], []
     value = {(arm, seed): loss[(arm, seed, tpp)][key] for arm in arms for seed in complete}
-    rows = []
+    rows, per_seed = [], []
     for member in s.get("secondary_family") or [[arm, s["primary"][0]] for arm in s["secondary"]]:
         if member == "interaction":
             (nq, lq), (n, ln) = s["secondary"][::-1], s["primary"][::-1]  # [baseline, method] of each pair
@@ -397,10 +498,12 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
         else:
             variant, baseline = member
             label = f"{variant} - {baseline}"
+            diffs = [value[(variant, seed)] - value[(baseline, seed)] for seed in complete]
             p = paired_difference([value[(variant, seed)] for seed in complete],
                                   [value[(baseline, seed)] for seed in complete], s["confidence"])
             base = mean_std([value[(baseline, seed)] for seed in complete])[0]
         rows.append({"comparison": label, "member": member, "baseline_mean": base, **p})
+        per_seed.append(diffs)
     adjusted = holm([r["p"] for r in rows])
     lines += [f"Holm-adjusted over the {len(rows)} declared comparisons as one family; Δ positive: the first-named "
               "arm has the higher loss.", "",
@@ -412,7 +515,14 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
         share = f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a"
         lines.append(f"| {row['comparison']} | {row['n']} | {row['mean']:+.4f} | {share} | {interval_text(row)} | "
                      f"{row['p']:.3g} | {p_holm:.3g} | {reading(row, p_holm, s)} |")
-    return lines, rows
+    fragile = []
+    for index, (row, diffs) in enumerate(zip(rows, per_seed)):
+        def words_of(d: list[float], index=index) -> str:  # this member's reading, the others' p as they are
+            p = paired_difference(d, [0.0] * len(d), s["confidence"])
+            return reading(p, holm([r["p"] for r in rows[:index]] + [p["p"]] + [r["p"] for r in rows[index + 1:]])[
+                index], s)
+        fragile += one_pair_decides(complete, diffs, s["confidence"], f"the reading of {row['comparison']}", words_of)
+    return lines + ([""] + fragile if fragile else []), rows
 
 
 def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arms: list[str], name: str) -> None:

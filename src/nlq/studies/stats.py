@@ -118,8 +118,16 @@ def decide(differences: list[float], margin: float, confidence: float = 0.95, al
     return {"interval": interval, "tost": tost, "verdict": key, "words": words}
 
 
+def sd_interval(sd: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The confidence interval of a normal sample's sd (n values), from the chi-square distribution of its variance."""
+    df, tail = n - 1, (1 - confidence) / 2
+    return sd * math.sqrt(df / stats.chi2.ppf(1 - tail, df)), sd * math.sqrt(df / stats.chi2.ppf(tail, df))
+
+
 def power_paired_t(effect: float, sd: float, n: int, confidence: float = 0.95) -> float:
     """Power of the two-sided paired t test (at 1 - confidence) to find a true mean difference `effect`."""
+    if sd == 0:  # no noise: any true difference is found
+        return 1.0 if effect else 1 - confidence
     df, noncentrality = n - 1, effect / (sd / math.sqrt(n))
     critical = stats.t.ppf(0.5 + confidence / 2, df)
     return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))

@@ -199,6 +199,8 @@ def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None =
         except StopIteration:
             break
         except (UserError, OSError, KeyError):
+            if number == 1:  # nothing depends on an earlier stage: a mistake in the study itself
+                raise
             lines.append(f"stage {number}: depends on the results of stage {number - 1}, which are not there yet")
             break
         check_overrides(study, stage, overrides)

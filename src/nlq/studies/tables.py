@@ -77,10 +77,11 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
 
 
 def load_summaries(study_dir: Path, study: dict) -> list[dict]:
-    """Each finished run of study.json (its labels) joined with its summary.json; unfinished runs left out."""
+    """Each finished run of study.json (its labels) joined with its summary.json; unfinished runs left out. A record
+    with "dir" (an arm borrowed from another study) is read from there."""
     found = {}
     for run in study.get("runs", []):
-        path = study_dir / "runs" / run["name"] / "summary.json"
+        path = Path(run.get("dir") or study_dir / "runs" / run["name"]) / "summary.json"
         if path.is_file():
             summary = read_summary(path)
             if summary.get("val_loss") is not None:

@@ -189,6 +189,7 @@ class Trainer:
         if self.fresh is not None:
             logger.print(f"weights from {tcfg.init_from}" + (f"; fresh: {', '.join(self.fresh)}" if self.fresh else ""))
         started_utc = utc_now()
+        code = code_version()  # now, while the tree is the one this process imported, not when the run ends
         if self.start_step == 0:
             logger.log(self._eval_record(0))
         last_ckpt = self.payload["path"] if self.payload else None
@@ -218,7 +219,7 @@ class Trainer:
                     last_ckpt = self._save(done)
         finally:
             logger.close()
-        summary = self._summary(rates) | {"record": self._record(started_utc)}
+        summary = self._summary(rates) | {"record": self._record(started_utc, code)}
         if env.is_main:
             write_summary(self.run_dir, summary)
         return summary
@@ -294,7 +295,7 @@ class Trainer:
         distributed.barrier(self.env)
         return str(path)
 
-    def _record(self, started_utc: str) -> dict:
+    def _record(self, started_utc: str, code: str | None) -> dict:
         """Where the run came from: the code commit, this process's UTC start and end (resumed_at_step: where it
         took over from an earlier process of the same run), and a hash of the run's first training batch (rank
         0's first micro-batch of the step the run starts at: 0, or the step of the checkpoint it branches from),
@@ -302,7 +303,7 @@ class Trainer:
         first_step = ckpt.step_of(Path(self.config.train.resume_from)) if self.config.train.resume_from else 0
         x, y = self.plan.batch(first_step, 0, self.env.world, 0, self.spec.accum)
         resumed = self.start_step if self.payload and "branched_from" not in self.payload else None
-        record = {"code": code_version(), "started_utc": started_utc, "ended_utc": utc_now(),
+        record = {"code": code, "started_utc": started_utc, "ended_utc": utc_now(),
                   "resumed_at_step": resumed, "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)}}
         own = own_sources(self.config.model.placements.values())  # projections of the user's own: which code
         return record | ({"projections": own} if own else {})
