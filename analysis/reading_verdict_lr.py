@@ -7,9 +7,9 @@ raises, with intervals to size them, not further tests.
 2. What the lr did: each variant at its selected lr in verdict-lr's test seeds against the same variant at the
    one shared lr (2e-3) of the verdict study: same shape, data, schedule shape and budget, other seeds (unpaired,
    Welch intervals); and the gap Δ itself, verdict-lr's per-seed Δ against the verdict's.
-3. How robust the test's mean is to its largest pair: the seeds where nonlinear is worse, the median Δ with the
-   Wilcoxon signed-rank test, and the mean Δ without the seed of the largest |Δ| (chosen after looking: a size,
-   not a test).
+3. How robust the test's mean is to its largest pair: the seeds where nonlinear is worse (with the two-sided sign
+   test), the median Δ with the Wilcoxon signed-rank test, and the mean Δ without the seed of the largest |Δ|
+   (chosen after looking: a size, not a test).
 4. The 2 x 2 beside its declared family, once every test seed has all four arms: each arm's mean endpoint with its
    interval, and each declared comparison read as 3 reads the primary one (signs, median with Wilcoxon, without
    the primary test's largest-|Δ| seed: the same seed for every comparison), then that seed's stable runs in all
@@ -73,12 +73,14 @@ def robustness(study_dir: Path, runs: list[dict]) -> list[str]:
     rest = [s for s in delta if s != worst]
     p = paired({s: non[s] for s in rest}, {s: lin[s] for s in rest})
     wilcoxon = stats.wilcoxon(list(delta.values()))
+    worse = sum(d > 0 for d in delta.values())
+    sign = stats.binomtest(worse, sum(d != 0 for d in delta.values())).pvalue  # two-sided, ties left out
     stable = {}
     for r in runs:
         if r.get("stage") == "stable" and r["seed"] == worst and r["variant"] in ("linear", "nonlinear"):
             records = [m for m in read_metrics(study_dir / "runs" / r["name"] / "metrics.jsonl") if "val_loss" in m]
             stable[r["variant"]] = ", ".join(f"{m['val_loss']:.3f}" for m in records[1:])
-    return [f"nonlinear worse on {sum(d > 0 for d in delta.values())} of {len(delta)} seeds; median Δ "
+    return [f"nonlinear worse on {worse} of {len(delta)} seeds (sign test p = {sign:.2g}); median Δ "
             f"{np.median(list(delta.values())):+.4f} (Wilcoxon signed-rank p = {wilcoxon.pvalue:.2g})",
             f"the largest |Δ|: seed {worst}, Δ {delta[worst]:+.4f} (linear {lin[worst]:.4f}, nonlinear "
             f"{non[worst]:.4f}); without it: {interval(p)} ({p['n']} pairs, p = {p['p']:.2g})",

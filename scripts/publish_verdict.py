@@ -61,6 +61,18 @@ def decision_text(outcome: dict) -> str:
             f"(two one-sided tests, p = {tost['p']:.3g}).")
 
 
+def one_pair_text(outcome: dict) -> str:
+    """The exploratory sentence that goes next to a decision whose words one pair decides (verdict.json's one_pair):
+    the pair, the estimate without it, and how many pairs have the variant worse."""
+    rows, n = outcome.get("one_pair") or [], outcome["decision"]["interval"]["n"]
+    if not rows:
+        return ""
+    row, p = rows[0], rows[0]["without"]
+    return (f" Exploratory (the pair found after looking): the words rest on one pair; without seed {row['seed']} "
+            f"(Δ {row['delta']:+.4f}) Δ is {p['mean']:+.4f} {interval_text(p)} over {p['n']} pairs, which would read "
+            f"\"{row['words_without']}\"; {outcome['worse_pairs']} of {n} seeds have {outcome['variant']} worse.")
+
+
 def status_text(outcome: dict, study: dict, when: str, where: str, results: str) -> str:
     registered, finished = outcome["registered_pairs"], outcome["finished_pairs"]
     arms = list(finished)
@@ -73,7 +85,7 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
                 f"(`{results}`); no outcome is shown before all {registered} have.")
     text = (f"**Verdict ({when}, `nlq study verdict` as pre-registered, {registered} pairs, {where}; {scope(study)}; "
             f"both at one peak lr, {study['settings']['lr']:g}): {outcome['decision']['words']}.** "
-            f"{decision_text(outcome)} `nlq report {results}` regenerates it.")
+            f"{decision_text(outcome)}{one_pair_text(outcome)} `nlq report {results}` regenerates it.")
     pending = [f"{arm} {finished[arm]} of {registered}" for arm in secondary if finished[arm] < registered]
     if pending:
         text += f" Secondary arms still running ({', '.join(pending)} pairs); they do not change the verdict."
@@ -97,7 +109,8 @@ def _verdict_lr_status(outcome: dict, study: dict, when: str, where: str, result
                 f"pairs have ended.")
     text = (f"**Each at its own lr ({when}, `nlq study verdict-lr` as pre-registered and amended, "
             f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
-            f"{outcome['decision']['words']}.** {decision_text(outcome)} `nlq report {results}` regenerates it.")
+            f"{outcome['decision']['words']}.** {decision_text(outcome)}{one_pair_text(outcome)} "
+            f"`nlq report {results}` regenerates it.")
     if s["secondary"] and not outcome.get("secondary_family"):
         text += (f" The secondary arms ({', '.join(s['secondary'])}) are still running: "
                  f"{outcome.get('seeds_with_every_arm', 0)} of {len(s['seeds'])} test seeds have every arm's "
@@ -131,7 +144,8 @@ def main() -> None:
     parser.add_argument("--results-md", type=Path, default=ROOT / "docs" / "RESULTS.md")
     args = parser.parse_args()
     results = args.results or ROOT / "results" / args.study
-    copied = collect(args.study_dir, results)
+    same = args.study_dir.resolve() == results.resolve()  # republishing the committed runs: nothing to copy
+    copied = 0 if same else collect(args.study_dir, results)
     report = build_report(results)
     outcome = json.loads((results / "verdict.json").read_text())
     study = json.loads((results / "study.json").read_text())

@@ -75,7 +75,9 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": primary_tpp, "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
-    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, no_effect(study))
+    facts = primary_facts(pairs, s, method, no_effect(study))
+    outcome |= facts
+    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, facts)
     lines += one_lr_secondaries(loss, s, baseline, method)
     lines += ["", "Plot: `verdict_deltas.png` (each seed's Δ, the mean with its 95% interval, the equivalence "
               "margins).", ""]
@@ -107,8 +109,17 @@ def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: flo
             if (baseline, seed, tpp) in loss and (variant, seed, tpp) in loss]
 
 
+def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str) -> dict:
+    """What the decision rests on, for the report and verdict.json: how many pairs have the method worse (Δ > 0), and
+    (exploratory) each pair whose removal alone would change the decision's words."""
+    deltas = [v - b for _, b, v in pairs]
+    return {"worse_pairs": sum(d > 0 for d in deltas), "one_pair": one_pair_decides(
+        [seed for seed, _, _ in pairs], deltas, s["confidence"], lambda d: decide(
+            d, s["margin"], s["confidence"], s["alpha"], method, no_effect_words)["words"])}
+
+
 def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str,
-                    study_dir: Path, no_effect_words: str) -> list[str]:
+                    study_dir: Path, facts: dict) -> list[str]:
     interval, tost = decision["interval"], decision["tost"]
     base_mean, base_sd = mean_std([b for _, b, _ in pairs])
     lines = [f"**Verdict: {decision['words']}.**", "",
@@ -121,9 +132,7 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
              + ("inside" if tost["equivalent"] else "not inside") + f" ±{s['margin']:g};",
              f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole val split ({len(pairs)} seeds);",
              realised_power(interval, s)]
-    deltas = [v - b for _, b, v in pairs]
-    lines += one_pair_decides([seed for seed, _, _ in pairs], deltas, s["confidence"], "the decision", lambda d: decide(
-        d, s["margin"], s["confidence"], s["alpha"], method, no_effect_words)["words"])
+    lines += one_pair_lines(facts["one_pair"], "the decision")
     if decision["verdict"] == "inconclusive":
         needed = pairs_needed(s["margin"], interval["sd"])
         lines.append("- What would settle it: at the observed paired sd, a new study of "
@@ -154,25 +163,35 @@ def realised_power(interval: dict, s: dict) -> str:
             f"{interval['high']:+.4f}" + (f"; it does not exclude a true Δ of {' or '.join(kept)}." if kept else "."))
 
 
-def one_pair_decides(seeds: list[int], deltas: list[float], confidence: float, what: str, words_of) -> list[str]:
-    """Exploratory lines (the pair is found after looking): each pair whose removal alone would change the words of
-    `what` (words_of(deltas)), the most influential first: its share of the mean and the estimate without it."""
+def one_pair_decides(seeds: list[int], deltas: list[float], confidence: float, words_of) -> list[dict]:
+    """Each pair whose removal alone would change the words of a decision or reading (words_of(deltas)), the most
+    influential first (at most 3): its seed, Δ, share of the mean, rank by influence (|Δ - mean|), and the estimate
+    and words without it. Exploratory: such a pair is found after looking."""
     words, total = words_of(deltas), sum(deltas)
     mean = total / len(deltas)
     order = sorted(range(len(deltas)), key=lambda i: -abs(deltas[i] - mean))
-    lines = []
-    for rank, i in enumerate(order):
+    rows = []
+    for rank, i in enumerate(order, start=1):
         rest = deltas[:i] + deltas[i + 1:]
         if len(rest) < 2 or words_of(rest) == words:
             continue
-        p = paired_difference(rest, [0.0] * len(rest), confidence)
-        share = f"{deltas[i] / total:+.0%} of the mean" if total else "the mean is 0"
-        which = "the most influential pair" if rank == 0 else f"the {ordinal(rank + 1)} most influential"
-        lines.append(f"- exploratory (a pair found after looking): {what} rests on one pair. Seed {seeds[i]}, "
-                     f"{which}, has Δ {deltas[i]:+.4f} ({share}); without it Δ is {p['mean']:+.4f} "
-                     f"{interval_text(p)} over {len(rest)} pairs, which would read \"{words_of(rest)}\" instead of "
-                     f"\"{words}\".")
-    return lines[:3]
+        rows.append({"seed": seeds[i], "delta": deltas[i], "share": deltas[i] / total if total else None, "rank": rank,
+                     "without": paired_difference(rest, [0.0] * len(rest), confidence), "words": words,
+                     "words_without": words_of(rest)})
+    return rows[:3]
+
+
+def one_pair_lines(rows: list[dict], what: str) -> list[str]:
+    lines = []
+    for row in rows:
+        share = f"{row['share']:+.0%} of the mean" if row["share"] is not None else "the mean is 0"
+        which = "the most influential pair" if row["rank"] == 1 else f"the {ordinal(row['rank'])} most influential"
+        p = row["without"]
+        lines.append(f"- exploratory (a pair found after looking): {what} rests on one pair. Seed {row['seed']}, "
+                     f"{which}, has Δ {row['delta']:+.4f} ({share}); without it Δ is {p['mean']:+.4f} "
+                     f"{interval_text(p)} over {p['n']} pairs, which would read \"{row['words_without']}\" instead of "
+                     f"\"{row['words']}\".")
+    return lines
 
 
 def ordinal(n: int) -> str:
@@ -222,8 +241,9 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
             others = [r[2]["p"] for r in rows]
             return reading(p, holm(others[:index] + [p["p"]] + others[index + 1:] + [1.0] * (len(family) - len(rows)))[
                 index], s)
-        fragile += one_pair_decides([seed for seed, _, _ in pairs], [v - b for _, b, v in pairs], s["confidence"],
-                                    f"the reading of {variant} at {tpp:g} tokens/param", words_of)
+        fragile += one_pair_lines(one_pair_decides([seed for seed, _, _ in pairs], [v - b for _, b, v in pairs],
+                                                   s["confidence"], words_of),
+                                  f"the reading of {variant} at {tpp:g} tokens/param")
     return lines + ([""] + fragile if fragile else [])
 
 
@@ -305,7 +325,9 @@ def grid_report(study_dir: Path, study: dict) -> str:
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}
     if diverged:
         lines += [f"Pairs with a diverged run, left out of the test: seeds {', '.join(map(str, diverged))}.", ""]
-    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, no_effect(study))
+    facts = primary_facts(pairs, s, method, no_effect(study))
+    outcome |= facts
+    lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, facts)
     family_lines, family = secondary_family(loss, s, [arm for arm in arms if arm not in out])
     lines += family_lines
     outcome["secondary_family"] = family
@@ -521,7 +543,8 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
             p = paired_difference(d, [0.0] * len(d), s["confidence"])
             return reading(p, holm([r["p"] for r in rows[:index]] + [p["p"]] + [r["p"] for r in rows[index + 1:]])[
                 index], s)
-        fragile += one_pair_decides(complete, diffs, s["confidence"], f"the reading of {row['comparison']}", words_of)
+        fragile += one_pair_lines(one_pair_decides(complete, diffs, s["confidence"], words_of),
+                                  f"the reading of {row['comparison']}")
     return lines + ([""] + fragile if fragile else []), rows
 
 
