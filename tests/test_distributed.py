@@ -58,6 +58,19 @@ def test_two_processes_match_one_process(byte_data, tmp_path, strategy):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_gated_model_in_two_processes_matches_one_process(byte_data, tmp_path, strategy):
+    """The output gate (model.attn_gate) under DDP and FSDP2: its W_g is sharded and its gradients reduced like any
+    other weight, so two processes train the curve one process trains."""
+    gate = ["--model.attn_gate=elementwise", "--model.qk_norm=true"]
+    result = torchrun("train", "--data", byte_data, "--out", tmp_path / "dist", *TINY, "--train.max_steps=6",
+                      f"--dist.strategy={strategy}", *gate)
+    assert result.returncode == 0, result.stderr[-3000:]
+    single(byte_data, tmp_path / "one", *gate)
+    assert json.loads((tmp_path / "dist" / "config.json").read_text())["model"]["attn_gate"] == "elementwise"
+    assert_same_curve(curve(tmp_path / "dist"), curve(tmp_path / "one"))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_checkpoint_from_two_processes_resumes_in_one(byte_data, tmp_path, strategy):
     result = torchrun("train", "--data", byte_data, "--out", tmp_path / "run", *TINY, "--train.max_steps=3",
                       "--train.decay_steps=6", f"--dist.strategy={strategy}")
