@@ -6,7 +6,8 @@
                                     [--compile] [--device cpu|cuda] [--json FILE]
 
 A variant is a query projection name, optionally with options after colons: `unfused` computes q and
-k/v with separate matmuls (nlq 0.1), `mlp4.75` sets model.mlp_ratio=4.75, `bf16` runs that variant under
+k/v with separate matmuls (nlq 0.1), `mlp4.75` sets model.mlp_ratio=4.75, `gate` (or `gate-headwise`) adds the
+attention output gate (model.attn_gate), `qknorm` sets model.qk_norm, `bf16` runs that variant under
 bfloat16 autocast (whatever --dtype says), so fp32 and bf16 alternate in one process. `--nanogpt PATH` adds
 karpathy/nanoGPT's GPT (loaded from that file, never copied into this repository) at the same shape
 (no biases, dropout 0, tied embeddings) with its own optimizer setup (`configure_optimizers`: on CPU, the
@@ -56,8 +57,13 @@ def nlq_variant(spec: str, base, changes: dict, device: torch.device):
     for option in options:
         if option.startswith("mlp"):
             model_changes["mlp_ratio"] = float(option[3:])
+        elif option in ("gate", "gate-headwise"):
+            model_changes["attn_gate"] = "elementwise" if option == "gate" else "headwise"
+        elif option == "qknorm":
+            model_changes["qk_norm"] = True
         elif option not in ("unfused", "bf16"):
-            raise SystemExit(f"unknown variant option {option!r} in {spec!r}; options: unfused, mlpR, bf16")
+            raise SystemExit(f"unknown variant option {option!r} in {spec!r}; options: unfused, mlpR, gate, "
+                             "gate-headwise, qknorm, bf16")
     cfg = with_model(base, **model_changes).model
     model = Transformer(cfg, seed=0).to(device)
     for module in model.modules():

@@ -1,10 +1,10 @@
-"""Publish a pre-registered study's state into the repository (`verdict`, or `verdict-lr` with --study): copy its
-finished runs to results/NAME, regenerate the report there, paste it into docs/RESULTS.md and write the status (or,
-once every registered pair is in, the decision and its numbers, with its scope) at the top of docs/RESULTS.md and
-in the README. Every number comes from the report's verdict.json and the study's study.json; before all pairs are
-in, only how many have finished is written.
+"""Publish a pre-registered study's state into the repository (`verdict`, or `verdict-lr` or `gate-lr` with --study):
+copy its finished runs to results/NAME, regenerate the report there, paste it into docs/RESULTS.md and write the
+status (or, once every registered pair is in, the decision and its numbers, with its scope) at the top of
+docs/RESULTS.md and in the README. Every number comes from the report's verdict.json and the study's study.json;
+before all pairs are in, only how many have finished is written.
 
-    python scripts/publish_verdict.py STUDY_DIR [--study verdict|verdict-lr] [--results results/NAME]
+    python scripts/publish_verdict.py STUDY_DIR [--study verdict|verdict-lr|gate-lr] [--results results/NAME]
                                       [--where "2 CPU cores"] [--when "2026-12-01 02:45 UTC"]
 
 The blocks it writes lie between <!-- NAME-status --> / <!-- /NAME-status --> (README.md and the top of
@@ -50,13 +50,18 @@ def scope(study: dict) -> str:
             f"{meta.get('tokenizer')}, {settings.get('primary_tpp', '?')} tokens per parameter")
 
 
-def decision_text(outcome: dict) -> str:
+PAPERS_STUDIES = ("verdict", "verdict-lr")  # the studies of the paper's claim: their status quotes it
+TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each arm at its own lr"}
+
+
+def decision_text(outcome: dict, paper: bool = True) -> str:
     d, tost = outcome["decision"], outcome["decision"]["tost"]
     i = d["interval"]
+    claim = "; the paper, in this sign: -1.24% to -2.40%" if paper else ""
     return (f"Δ = {outcome['endpoint']}({outcome['variant']}) - {outcome['endpoint']}({outcome['baseline']}): "
             f"{i['mean']:+.4f} nats, 95% interval {interval_text(i)} ({i['mean'] / outcome['baseline_mean']:+.2%} of "
-            f"{outcome['baseline']}'s {outcome['baseline_mean']:.4f} nats, positive = worse; the paper, in this sign: "
-            f"-1.24% to -2.40%); equivalence within ±{outcome['margin']:g} "
+            f"{outcome['baseline']}'s {outcome['baseline_mean']:.4f} nats, positive = worse{claim}); equivalence "
+            f"within ±{outcome['margin']:g} "
             f"{'shown' if tost['equivalent'] else 'not shown'} "
             f"(two one-sided tests, p = {tost['p']:.3g}).")
 
@@ -78,8 +83,8 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
     arms = list(finished)
     primary, secondary = arms[0], arms[1:]
     name = study["name"]
-    if name == "verdict-lr":
-        return _verdict_lr_status(outcome, study, when, where, results)
+    if name != "verdict":
+        return _grid_status(outcome, study, when, where, results)
     if "decision" not in outcome:
         return (f"Status ({when}): running on {where}, {finished[primary]} of {registered} pairs finished "
                 f"(`{results}`); no outcome is shown before all {registered} have.")
@@ -92,9 +97,10 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
     return text
 
 
-def _verdict_lr_status(outcome: dict, study: dict, when: str, where: str, results: str) -> str:
-    s = study["settings"]
-    arms = s["primary"] + s["secondary"]
+def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str) -> str:
+    s, name = study["settings"], study["name"]
+    registered = "as pre-registered and amended" if name == "verdict-lr" else "as pre-registered"
+    arms = [arm for arm in s["primary"] + s["secondary"] if arm not in (s.get("borrowed") or {})]
     grid_runs = len(arms) * len(s["lrs"]) * len(s["selection_seeds"])
     ended = sum(row["ended"] for arm in arms for row in (outcome.get("lr_curve") or {}).get(arm, [])
                 if row["lr"] in s["lrs"])
@@ -103,14 +109,15 @@ def _verdict_lr_status(outcome: dict, study: dict, when: str, where: str, result
         test = f"{outcome['finished_pairs'][s['primary'][1]]} of {outcome['registered_pairs']} test pairs"
         done = ended == grid_runs and not any((outcome.get("at_edge") or {}).values())  # no extension to come
         chosen = f" (selected: {lrs})" if lrs and done else ""
-        return (f"Each arm at its own lr: `nlq study verdict-lr` (pre-registered, amended before its first run) is "
+        how = "pre-registered, amended before its first run" if name == "verdict-lr" else "pre-registered"
+        return (f"{TITLES.get(name, name)}: `nlq study {name}` ({how}) is "
                 f"running on {where} (status {when}): selection {ended} of {grid_runs} grid runs ended{chosen}, "
                 f"{test} (`{results}`); no test endpoint is shown before all {outcome['registered_pairs']} primary "
                 f"pairs have ended.")
-    text = (f"**Each at its own lr ({when}, `nlq study verdict-lr` as pre-registered and amended, "
+    text = (f"**{TITLES.get(name, name)} ({when}, `nlq study {name}` {registered}, "
             f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
-            f"{outcome['decision']['words']}.** {decision_text(outcome)}{one_pair_text(outcome)} "
-            f"`nlq report {results}` regenerates it.")
+            f"{outcome['decision']['words']}.** {decision_text(outcome, name in PAPERS_STUDIES)}"
+            f"{one_pair_text(outcome)} `nlq report {results}` regenerates it.")
     if s["secondary"] and not outcome.get("secondary_family"):
         text += (f" The secondary arms ({', '.join(s['secondary'])}) are still running: "
                  f"{outcome.get('seeds_with_every_arm', 0)} of {len(s['seeds'])} test seeds have every arm's "
@@ -136,7 +143,7 @@ def family_text(family: list[dict], seeds: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("study_dir", type=Path)
-    parser.add_argument("--study", choices=["verdict", "verdict-lr"], default="verdict")
+    parser.add_argument("--study", choices=["verdict", "verdict-lr", "gate-lr"], default="verdict")
     parser.add_argument("--results", type=Path, help="default: results/NAME")
     parser.add_argument("--where", default="2 CPU cores", help="the hardware, in a few words")
     parser.add_argument("--when", help="the time the status is dated (default: now, UTC)")
@@ -162,7 +169,8 @@ def main() -> None:
     body = demote(report).strip()
     plots = {"verdict": [("verdict_deltas.png", "per-seed Δ with the mean and its interval")],
              "verdict-lr": [("verdict_lr_curve.png", "the lr curve of every arm on the selection seeds"),
-                            ("verdict_lr_test.png", "per-seed Δ of the test with the mean and its interval")]}[tag]
+                            ("verdict_lr_test.png", "per-seed Δ of the test with the mean and its interval")]}
+    plots = plots.get(tag, plots["verdict-lr"])
     for name, words in plots:
         if (results / name).is_file() and (name != "verdict_deltas.png" or "decision" in outcome):
             body += f"\n\n![{words}]({os.path.relpath(results / name, args.results_md.parent)})"
