@@ -184,3 +184,93 @@ def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, 
                         seeds=[1], data=DataSpec("unused", "byte"))
     run_study(linear_only, tmp_path / "lin", data_dir=str(byte_data), log=lambda *_: None)
     assert "projections" not in json.loads((tmp_path / "lin" / "study.json").read_text())
+
+
+OWN_INIT = '''
+import torch
+from torch import nn
+
+from nlq.projections import Projection, register_projection
+
+
+class GatedResidualQuery(Projection):
+    """Q = X W + up(tanh(down(X))), the correction's up-projection zero-initialised: it starts as a linear query."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight_proj = nn.Linear(dim, dim, bias=False)
+        self.down = nn.Linear(dim, dim // 4, bias=False)
+        self.up = nn.Linear(dim // 4, dim, bias=False)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x):
+        return self.weight_proj(x) + self.up(torch.tanh(self.down(x)))
+
+
+class DefaultInitQuery(GatedResidualQuery):
+    """The same, asking for nlq's init: N(0, 0.02) per parameter name, shared with linear's weight_proj."""
+
+    default_init = True
+
+
+class TooWide(Projection):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight_proj = nn.Linear(dim, 2 * dim, bias=False)
+
+    def forward(self, x):
+        return self.weight_proj(x)
+
+
+register_projection("gated-residual", GatedResidualQuery)
+register_projection("default-init", DefaultInitQuery)
+register_projection("too-wide", TooWide)
+'''
+
+
+@pytest.fixture
+def own_init(tmp_path):
+    path = tmp_path / "own_init.py"
+    path.write_text(OWN_INIT)
+    saved = dict(PROJECTIONS)
+    plugins.import_modules([str(path)])
+    yield path
+    PROJECTIONS.clear()
+    PROJECTIONS.update(saved)
+    sys.modules.pop("own_init", None)
+
+
+def test_a_projections_own_initialisation_is_kept_reproducible_and_every_other_weight_is_nlqs(own_init):
+    """The model used to re-draw every nn.Linear N(0, 0.02), so a zero-initialised up-projection started non-zero.
+    Now a projection keeps its constructor's init, drawn under a generator seeded by (seed, its name): the same seed
+    gives the same start, another seed another, and every weight outside it is the baseline's, bit for bit."""
+    a = Transformer(tiny_model_config(query="gated-residual"), seed=5).state_dict()
+    again = Transformer(tiny_model_config(query="gated-residual"), seed=5).state_dict()
+    other = Transformer(tiny_model_config(query="gated-residual"), seed=6).state_dict()
+    linear = Transformer(tiny_model_config(query="linear"), seed=5).state_dict()
+    assert all(torch.count_nonzero(a[f"blocks.{i}.attn.q_proj.up.weight"]) == 0 for i in range(2))
+    assert all(torch.equal(a[k], again[k]) for k in a)
+    assert not torch.equal(a["blocks.0.attn.q_proj.down.weight"], other["blocks.0.attn.q_proj.down.weight"])
+    assert not torch.equal(a["blocks.0.attn.q_proj.down.weight"], a["blocks.1.attn.q_proj.down.weight"])
+    outside = [k for k in a if ".q_proj." not in k]
+    assert outside and all(torch.equal(a[k], linear[k]) for k in outside)
+    # its own init, not nlq's: torch's default for nn.Linear is uniform(+-1/sqrt(fan_in)), wider than N(0, 0.02)
+    assert a["blocks.0.attn.q_proj.weight_proj.weight"].abs().max() > 0.1
+
+
+def test_a_projection_that_asks_for_the_default_init_shares_its_named_weights_with_the_baseline(own_init):
+    a = Transformer(tiny_model_config(query="default-init"), seed=5).state_dict()
+    linear = Transformer(tiny_model_config(query="linear"), seed=5).state_dict()
+    assert torch.equal(a["blocks.0.attn.q_proj.weight_proj.weight"], linear["blocks.0.attn.q_proj.weight_proj.weight"])
+    assert torch.count_nonzero(a["blocks.0.attn.q_proj.up.weight"]) > 0  # nlq's init overrides the zeros
+
+
+def test_a_projection_of_the_wrong_width_is_one_line_at_once_in_info_and_train(own_init, byte_data, tmp_path, capsys,
+                                                                              monkeypatch):
+    """It used to pass `nlq info` and die in `nlq train` with "shape '[8, 64, 4, 16]' is invalid"."""
+    monkeypatch.setenv("NLQ_IMPORT", str(own_init))
+    needle = "projection 'too-wide' (TooWide) maps a (1, 2, 128) float32 input to shape (1, 2, 256), torch.float32"
+    one_line_error(capsys, ["info", "micro", "--model.query=too-wide"], needle)
+    one_line_error(capsys, ["train", "--data", byte_data, "--out", tmp_path / "x", "--preset", "nano", *SMALL,
+                            "--model.query=too-wide"], "projection 'too-wide' (TooWide) maps")
+    assert not (tmp_path / "x" / "checkpoints").exists()

@@ -265,15 +265,30 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        own = [name for name, m in self.named_modules() if name and not getattr(m, "default_init", True)]
         for name, module in self.named_modules():
-            self._init_weights(name, module, seed)
+            if not any(name == o or name.startswith(o + ".") for o in own):  # a projection's own init is its own
+                self._init_weights(name, module, seed)
+        for name in own:
+            self._own_init(name, seed)
+
+    def _own_init(self, name: str, seed: int | None) -> None:
+        """A projection that keeps its own initialisation (Projection.default_init False) is built again under torch's
+        generator seeded by (seed, its name), and starts from that build: its constructor's init, reproducible and
+        the same on every rank, the global generator left as it was."""
+        if seed is None:
+            return
+        module = self.get_submodule(name)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_seed_of(seed, name))
+            fresh = type(module).from_config(self.cfg)
+        module.load_state_dict(fresh.state_dict())
 
     def _init_weights(self, name: str, module: nn.Module, seed: int | None) -> None:
         """GPT-2: N(0, 0.02) everywhere; outputs that add into the residual stream get 0.02 / sqrt(2 L)."""
         generator = None
         if seed is not None and isinstance(module, (nn.Linear, nn.Embedding)) and module.weight.device.type != "meta":
-            digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
-            generator = torch.Generator(module.weight.device).manual_seed(int.from_bytes(digest, "little") >> 1)
+            generator = torch.Generator(module.weight.device).manual_seed(_seed_of(seed, name))
         if isinstance(module, nn.Linear):
             std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if getattr(module, "is_residual_output", False) else 0.02
             nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
@@ -374,6 +389,11 @@ class Transformer(nn.Module):
         matmul_params = sum(p.numel() for n, p in self.named_parameters() if p.dim() == 2 and "emb" not in n)
         matmul_params += cfg.vocab_size * cfg.n_embd if cfg.tie_embeddings else 0
         return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+
+def _seed_of(seed: int, name: str) -> int:
+    """A generator seed for one module of a model built with `seed`: the same name and seed give the same weights."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest(), "little") >> 1
 
 
 PARAMETER_KINDS = [

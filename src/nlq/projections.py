@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nlq.errors import UserError
+
 
 class ReLU2(nn.Module):
     """Squared ReLU (Primer)."""
@@ -51,9 +53,16 @@ class Projection(nn.Module):
     (..., d) -> (..., d), and from_config(cfg) if its constructor takes more than the width d.
 
     The defaults: output_scale and query_scale 1; no first matmul to share (input_weight() is None), so attention
-    calls finish(x, None), which is forward(x)."""
+    calls finish(x, None), which is forward(x).
+
+    Initial weights: by default a projection keeps what its constructor made (a zero-initialised up-projection stays
+    zero); the model builds it under torch's generator seeded by (train.seed, its place in the model, e.g.
+    blocks.0.attn.q_proj), so a run's start is reproducible and the same on every rank. `default_init = True` asks
+    for nlq's init instead: every nn.Linear in it N(0, 0.02), drawn per parameter name from (seed, name), so a
+    parameter named like one of the baseline's (LinearProjection's weight_proj.weight) starts equal to it."""
 
     output_scale, query_scale = 1.0, 1.0
+    default_init = False
 
     @classmethod
     def from_config(cls, cfg) -> Projection:
@@ -68,6 +77,8 @@ class Projection(nn.Module):
 
 class LinearProjection(Projection):
     """Q = X W_Q: the standard baseline."""
+
+    default_init = True
 
     def __init__(self, dim: int, bias: bool = False):
         super().__init__()
@@ -91,7 +102,7 @@ class IdentityProjection(Projection):
     """Q = X, no weights (Karbevski & Mijoski): W_Q is absorbed by the layers that write X.
     The predecessor paper halves the attention scale for this variant."""
 
-    query_scale = 0.5
+    query_scale, default_init = 0.5, True
 
     @classmethod
     def from_config(cls, cfg) -> IdentityProjection:
@@ -106,6 +117,8 @@ class IdentityProjection(Projection):
 
 class ResidualProjection(Projection):
     """Q = (X + X W_Q) / 2: still linear, a control for the residual form of the method."""
+
+    default_init = True
 
     def __init__(self, dim: int, bias: bool = False, fold_half: bool = False):
         super().__init__()
@@ -140,6 +153,8 @@ class NonlinearQuery(Projection):
     Drop-in use, in place of a query projection q_proj = nn.Linear(d, d, bias=False):
         q_proj = NonlinearQuery(d)              # forward returns (X + f(X)) / 2
     """
+
+    default_init = True
 
     def __init__(self, dim: int, rank: int | None = None, activation: str = "gelu", in_norm: bool = True,
                  out_norm: bool = True, bias: bool = False, eps: float = 1e-5, fold_half: bool = False):
@@ -224,7 +239,30 @@ def own_sources(names) -> dict[str, dict]:
 
 
 def build_projection(name: str, cfg) -> nn.Module:
-    """The projection `name` sized by a ModelConfig (n_embd, bias, norm_eps and the query_* options)."""
+    """The projection `name` sized by a ModelConfig (n_embd, bias, norm_eps and the query_* options). One of the user's
+    own is tried on a tiny input at once, so that a wrong one fails here (nlq info, a dry run), not deep in training."""
     if name not in PROJECTIONS:
         raise ValueError(f"unknown projection {name!r}; valid names: {', '.join(PROJECTIONS)} ({OWN_HINT})")
-    return PROJECTIONS[name].from_config(cfg)
+    projection = PROJECTIONS[name].from_config(cfg)
+    if name not in BUILT_IN:
+        check_projection(name, projection, cfg.n_embd)
+    return projection
+
+
+def check_projection(name: str, projection: nn.Module, dim: int) -> None:
+    """A projection of the user's own must map (..., dim) to (..., dim) in the input's dtype: a one-line UserError
+    naming it and what it returned otherwise."""
+    cls = type(projection).__qualname__
+    weights = next(projection.parameters(), None)
+    x = torch.zeros(1, 2, dim, device=weights.device if weights is not None else None)  # (B, T, C)
+    try:
+        with torch.no_grad():
+            out = projection(x)
+    except Exception as e:
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        raise UserError(f"projection {name!r} ({cls}) fails on a (1, 2, {dim}) input: {type(e).__name__}: "
+                         f"{first}") from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, 2, dim) or out.dtype != x.dtype:
+        got = f"shape {tuple(out.shape)}, {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserError(f"projection {name!r} ({cls}) maps a (1, 2, {dim}) float32 input to {got}; a projection "
+                         f"must return (..., n_embd) = (..., {dim}) in its input's dtype")
