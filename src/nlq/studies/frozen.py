@@ -1,5 +1,7 @@
-"""What keeps a study's design its own: a plan is frozen by its hash once it has run in a study directory, and a
-command-line override may not overrule a field the study sets per arm or per run."""
+"""What keeps a study's design its own: a plan is frozen by its hash once it has run in a study directory, a
+command-line override may not overrule a field the study sets per arm or per run, the overrides a study ran with are
+part of it (only those that cannot change what a run computes may differ later), and a run directory whose recorded
+config is not the one the study would give it is never trained into."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import hashlib
 import json
 from pathlib import Path
 
+from nlq.config import RunConfig
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.overrides import parse_overrides
+from nlq.overrides import apply_overrides, parse_overrides
 from nlq.projections import own_sources
 
 
@@ -88,3 +91,84 @@ def check_overrides(study, runs: list, overrides: list[str]) -> None:
                         f"({', '.join(clash)} {'is' if len(clash) == 1 else 'are'} part of its design); leave "
                         f"{'it' if len(clash) == 1 else 'them'} out, or define a study (or plan) that varies "
                         f"{'it' if len(clash) == 1 else 'them'}")
+
+
+# Fields that cannot change what a run computes, only where and how it is watched: they may differ between the
+# commands that continue a study. Everything else a command-line override sets is part of the study.
+NEUTRAL = frozenset({"train.device", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
+                     "train.tensorboard", "train.wandb", "train.peak_tflops", "dist.timeout_s", "data.dir"})
+PATHS = frozenset({"train.resume_from", "train.init_from"})  # compared by file name: a study directory may move
+
+
+def _computed(config: dict) -> dict:
+    """A config as nested dicts without the neutral fields; path fields reduced to their file name."""
+    out = {}
+    for section, values in config.items():
+        kept = {}
+        for key, value in (values or {}).items():
+            dotted = f"{section}.{key}"
+            if dotted in NEUTRAL:
+                continue
+            kept[key] = Path(value).name if dotted in PATHS and value else value
+        out[section] = kept
+    return out
+
+
+def check_study_dir(study, study_dir: Path, overrides: list[str]) -> None:
+    """What a study directory that has run refuses: another plan, or overrides that compute something else."""
+    check_frozen(study.name, study.plan, study_dir)
+    check_same_overrides(study, study_dir, overrides)
+
+
+def check_same_overrides(study, study_dir: Path, overrides: list[str]) -> None:
+    """Against a study directory that has run, this command's overrides must compute what the recorded ones did
+    (applied to the study's base recipe); only the NEUTRAL fields may differ. One line naming the field otherwise."""
+    path = Path(study_dir) / "study.json"
+    if not path.is_file():
+        return
+    earlier = read_json(path, "the study's description").get("overrides")
+    if not isinstance(earlier, list):
+        return
+    before = _computed(apply_overrides(study.base, earlier).to_dict())
+    now = _computed(apply_overrides(study.base, overrides).to_dict())
+    field_name = changed_field(before, now)
+    if field_name:
+        raise UserError(f"{study_dir} ran with {' '.join(earlier) or 'no overrides'}, and this command gives "
+                        f"{' '.join(overrides) or 'none'} ({field_name} differs): what a study's runs compute is "
+                        f"frozen once it has run; give the same overrides (only {', '.join(sorted(NEUTRAL))} may "
+                        f"differ), or put the changed study in a new directory")
+
+
+def check_run_config(run_dir: Path, config: RunConfig) -> None:
+    """A run directory that exists must hold the config this study gives the run (the NEUTRAL fields aside, fields
+    the study leaves at "auto", which the run records resolved, fields added to nlq since the run was written,
+    where they hold their default, and train.max_steps, which the study sets per run and a stable run's later
+    segments raise); a one-line refusal otherwise, before anything is trained into it."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return
+    recorded = _computed(read_json(path, "a run's config"))
+    expected = _computed(config.to_dict())
+    for tree in (recorded, expected):  # a WSD stable run is trained in segments, each to a later step
+        tree.get("train", {}).pop("max_steps", None)
+    defaults = _computed(RunConfig().to_dict())
+    for section, values in expected.items():
+        for key in list(values):
+            if values[key] == "auto":  # the trainer records what "auto" resolved to on its device
+                recorded.get(section, {}).pop(key, None)
+                del values[key]
+            elif key not in recorded.get(section, {}) and values[key] == defaults[section].get(key):
+                del values[key]  # a field nlq gained after this run was written, at the value it had before
+    field_name = changed_field(recorded, expected)
+    if field_name:
+        raise UserError(f"run {Path(run_dir).name} was started with another config than the study gives it now "
+                        f"({field_name}: {_at(recorded, field_name)!r} there, {_at(expected, field_name)!r} now); "
+                        f"it is not trained into: restore the study's overrides, or remove that run directory to train "
+                        f"it again")
+
+
+def _at(tree: dict, dotted: str):
+    node = tree
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node

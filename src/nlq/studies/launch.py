@@ -17,15 +17,17 @@ from nlq.errors import UserError
 def study_command(name: str, out: str, data: str | None, overrides: list[str], shard: str | None,
                   shards: int | None, dry_run: bool) -> None:
     """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
+    from nlq.studies.dry_run import plan_text
     from nlq.studies.engine import arms_text, power_text
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.sharding import parse_shard
-    from nlq.studies.study import plan_text, run_study
+    from nlq.studies.study import run_study
 
     study = get_study(name)
     if shards is not None and shard is not None:
         raise UserError("give --shards N (start N shard processes here) or --shard K/N (be one of them), not both")
     if shards is not None and not dry_run:  # this process starts the shards, then writes the report
+        plan_text(study, out, overrides, data_dir=data)  # what a shard would refuse is refused here, before any starts
         run_shards(["study", name, "--out", str(out), *(["--data", str(data)] if data else []), *overrides], shards,
                    Path(out))
     else:

@@ -25,7 +25,7 @@ from nlq.overrides import apply_overrides
 from nlq.provenance import code_versions
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
-from nlq.studies.frozen import check_frozen, check_overrides, frozen_own_code, plan_hash
+from nlq.studies import frozen
 from nlq.studies.sharding import chain_claimed, chain_lock, parse_shard, shard_indices  # noqa: F401 (parse_shard, for callers)
 from nlq.training.trainer import train
 
@@ -89,7 +89,8 @@ class Study:
                      "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
                      "variants": [dataclasses.asdict(v) for v in self.variants], "data": dataclasses.asdict(self.data)}
         described |= {"settings": self.settings} if self.settings else {}
-        return described | ({"plan": self.plan, "plan_hash": plan_hash(self.plan)} if self.plan is not None else {})
+        plan = {"plan": self.plan, "plan_hash": frozen.plan_hash(self.plan)} if self.plan is not None else {}
+        return described | plan
 
 
 @dataclass(frozen=True)
@@ -155,17 +156,17 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     first), then waits for the rest of the stage, since a later stage may depend on all of it."""
     study_dir = Path(study_dir)
     overrides = overrides or []
-    check_frozen(study.name, study.plan, study_dir)
+    frozen.check_study_dir(study, study_dir, overrides)
     study_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
     done_dirs, started, recorded = [], time.perf_counter(), []
-    stamp = {"plan_hash": plan_hash(study.plan)} if study.plan is not None else {}  # into every run's record
+    stamp = {"plan_hash": frozen.plan_hash(study.plan)} if study.plan is not None else {}  # into every run's record
     for number, stage in enumerate(study.run_stages(study_dir), start=1):
-        check_overrides(study, stage, overrides)
+        frozen.check_overrides(study, stage, overrides)
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
         recorded += [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
                      for r, c in zip(stage, configs)]
-        own = frozen_own_code(study_dir, [c.model for c in configs])  # projections of the user's own, by file hash
+        own = frozen.frozen_own_code(study_dir, [c.model for c in configs])  # the user's own projections, by hash
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
                                         "data_meta": _data_meta(data) if data else None,
                                         "code": code_versions(study_dir / "study.json"), "runs": recorded}
@@ -179,45 +180,6 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         done_dirs += _finish_stage(stage, configs, study_dir, shard, log, stamp)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
     return done_dirs
-
-
-def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
-              shard: tuple[int, int] | None = None) -> str:
-    """What run_study would train, without training anything (--dry-run): per stage the runs (of this shard),
-    their device, steps, lr and tokens still to train, and the totals. A stage that depends on the results of
-    an earlier one is named, not listed."""
-    study_dir, overrides = Path(study_dir), overrides or []
-    check_frozen(study.name, study.plan, study_dir)
-    data = Path(data_dir) if data_dir else study_dir / "data"
-    lines = [f"study {study.name} into {study_dir}" + (f", shard {shard[0]}/{shard[1]}" if shard else "")
-             + f": {study.description}"]
-    stages = study.run_stages(study_dir)
-    total_runs = total_tokens = 0
-    for number in range(1, 100):
-        try:
-            stage = next(stages)
-        except StopIteration:
-            break
-        except (UserError, OSError, KeyError):
-            if number == 1:  # nothing depends on an earlier stage: a mistake in the study itself
-                raise
-            lines.append(f"stage {number}: depends on the results of stage {number - 1}, which are not there yet")
-            break
-        check_overrides(study, stage, overrides)
-        mine = shard_indices(stage, *shard) if shard else range(len(stage))
-        lines.append(f"stage {number}: {len(mine)} of {len(stage)} runs")
-        planned: dict[str, int] = {}  # run name -> the step an earlier segment of it will have reached
-        for i in mine:
-            config = stage[i].config(overrides, data)
-            steps = _steps_to_train(study_dir / "runs" / stage[i].name, config)
-            steps = max(0, min(steps, config.train.max_steps - planned.get(stage[i].name, 0)))
-            planned[stage[i].name] = config.train.max_steps
-            tokens = steps * (config.train.batch_tokens or config.train.batch_size * config.model.block_size)
-            total_runs, total_tokens = total_runs + 1, total_tokens + tokens
-            lines.append(f"  {stage[i].name}: device {config.train.device}, {config.train.max_steps:,} steps at lr "
-                         f"{config.train.lr:g}, {tokens:,} tokens to train")
-    lines.append(f"in all: {total_runs} runs, {total_tokens:,} tokens to train")
-    return "\n".join(lines)
 
 
 WAIT_POLL_S = 20.0  # how often a process that has done all it can of a stage looks again
@@ -314,6 +276,7 @@ def _train_unless_ended(run: Run, config: RunConfig, run_dir: Path, tag: str, et
                         log, stamp: dict) -> float | None:
     """Train one run unless it has finished or diverged (or continues a diverged run of its chain); the seconds it
     trained, None where it did not train to the end."""
+    frozen.check_run_config(run_dir, config)  # a run directory that holds another config is never trained into
     if run_finished(run_dir, config.train.max_steps):
         log(f"{tag}: finished earlier, skipped")
         return None

@@ -1,0 +1,51 @@
+"""The dry run of a study (`nlq study ... --dry-run`): what run_study would train, stage by stage, without training
+anything; it refuses what run_study would refuse (another plan, other overrides, changed code of one's own) first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nlq.errors import UserError
+from nlq.studies import frozen
+from nlq.studies.sharding import shard_indices
+from nlq.studies.study import Study, _steps_to_train
+
+
+def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
+              shard: tuple[int, int] | None = None) -> str:
+    """What run_study would train, without training anything (--dry-run): per stage the runs (of this shard),
+    their device, steps, lr and tokens still to train, and the totals. A stage that depends on the results of
+    an earlier one is named, not listed."""
+    study_dir, overrides = Path(study_dir), overrides or []
+    frozen.check_study_dir(study, study_dir, overrides)
+    data = Path(data_dir) if data_dir else study_dir / "data"
+    lines = [f"study {study.name} into {study_dir}" + (f", shard {shard[0]}/{shard[1]}" if shard else "")
+             + f": {study.description}"]
+    stages = study.run_stages(study_dir)
+    total_runs = total_tokens = 0
+    for number in range(1, 100):
+        try:
+            stage = next(stages)
+        except StopIteration:
+            break
+        except (UserError, OSError, KeyError):
+            if number == 1:  # nothing depends on an earlier stage: a mistake in the study itself
+                raise
+            lines.append(f"stage {number}: depends on the results of stage {number - 1}, which are not there yet")
+            break
+        frozen.check_overrides(study, stage, overrides)
+        frozen.frozen_own_code(study_dir, [r.config(overrides, data).model for r in stage])  # unchanged since it ran
+        mine = shard_indices(stage, *shard) if shard else range(len(stage))
+        lines.append(f"stage {number}: {len(mine)} of {len(stage)} runs")
+        planned: dict[str, int] = {}  # run name -> the step an earlier segment of it will have reached
+        for i in mine:
+            config = stage[i].config(overrides, data)
+            steps = _steps_to_train(study_dir / "runs" / stage[i].name, config)
+            steps = max(0, min(steps, config.train.max_steps - planned.get(stage[i].name, 0)))
+            planned[stage[i].name] = config.train.max_steps
+            tokens = steps * (config.train.batch_tokens or config.train.batch_size * config.model.block_size)
+            total_runs, total_tokens = total_runs + 1, total_tokens + tokens
+            lines.append(f"  {stage[i].name}: device {config.train.device}, {config.train.max_steps:,} steps at lr "
+                         f"{config.train.lr:g}, {tokens:,} tokens to train")
+    lines.append(f"in all: {total_runs} runs, {total_tokens:,} tokens to train")
+    return "\n".join(lines)
