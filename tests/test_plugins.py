@@ -274,3 +274,26 @@ def test_a_projection_of_the_wrong_width_is_one_line_at_once_in_info_and_train(o
     one_line_error(capsys, ["train", "--data", byte_data, "--out", tmp_path / "x", "--preset", "nano", *SMALL,
                             "--model.query=too-wide"], "projection 'too-wide' (TooWide) maps")
     assert not (tmp_path / "x" / "checkpoints").exists()
+
+
+def test_a_changed_plugin_file_is_refused_wherever_a_run_of_it_is_used(plugin, byte_data, tmp_path, monkeypatch,
+                                                                       capsys):
+    """`NLQ_IMPORT=<a changed file> nlq eval RUN` used to score another function without a word; eval, sample,
+    export and a resumed train now compare the file's sha256 with the one the run recorded, and refuse in one line."""
+    from nlq.cli import main
+
+    monkeypatch.setenv("NLQ_IMPORT", str(plugin))
+    run = train_small(byte_data, tmp_path / "run", "--model.query=tanh-query")
+    main(["eval", str(run)])  # the same file: fine
+    before = hashlib.sha256(plugin.read_bytes()).hexdigest()
+    plugin.write_text(PLUGIN.replace("torch.tanh(self.weight_proj(x))", "torch.sigmoid(self.weight_proj(x))"))
+    PROJECTIONS.pop("tanh-query")
+    sys.modules.pop("my_projection", None)
+    plugins.import_modules([str(plugin)])
+    after = hashlib.sha256(plugin.read_bytes()).hexdigest()
+    needle = f"was made with projection tanh-query from {plugin.resolve()} (sha256 {before[:16]}), and the code " \
+             f"imported now, {plugin.resolve()}, has sha256 {after[:16]}: restore the file it was made with"
+    capsys.readouterr()
+    for argv in (["eval", run], ["sample", run, "--prompt", "a", "--max-new-tokens", "2"],
+                 ["train", "--data", byte_data, "--out", run, "--resume", "--train.max_steps=6"]):
+        one_line_error(capsys, argv, needle)

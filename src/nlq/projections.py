@@ -238,6 +238,20 @@ def own_sources(names) -> dict[str, dict]:
     return out
 
 
+def check_own_code(recorded: dict | None, where: str) -> None:
+    """The projections of one's own that `where` was made with ({name: {class, file, sha256}}, as own_sources records
+    them) must be the code imported now: a one-line refusal naming the file and both hashes otherwise, since the same
+    weights under other code compute something else."""
+    for name, before in sorted((recorded or {}).items()):
+        if name not in PROJECTIONS or not isinstance(before, dict) or not before.get("sha256"):
+            continue  # not imported (a one-line error where it is used) or recorded without a hash
+        now = own_sources([name])[name]
+        if now["sha256"] != before["sha256"]:
+            raise UserError(f"{where} was made with projection {name} from {before.get('file')} (sha256 "
+                            f"{before['sha256'][:16]}), and the code imported now, {now['file']}, has sha256 "
+                            f"{(now['sha256'] or 'unreadable')[:16]}: restore the file it was made with")
+
+
 def build_projection(name: str, cfg) -> nn.Module:
     """The projection `name` sized by a ModelConfig (n_embd, bias, norm_eps and the query_* options). One of the user's
     own is tried on a tiny input at once, so that a wrong one fails here (nlq info, a dry run), not deep in training."""

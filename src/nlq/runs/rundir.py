@@ -15,6 +15,7 @@ from nlq.data.tokenizers import GPT2_FILES, load_tokenizer
 from nlq.errors import UserError
 from nlq.fileio import read_json, write_json
 from nlq.model import Transformer
+from nlq.projections import check_own_code
 from nlq.runs import checkpoint as ckpt
 
 TOKENIZER_FILES = ("tokenizer.json", *GPT2_FILES)
@@ -75,6 +76,7 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, RunC
     payload = ckpt.load_checkpoint(path)
     config = ckpt.payload_config(payload)
     ckpt.check_model_fits(config.model, payload["path"])
+    check_own_code(recorded_code(payload), str(payload["path"]))
     model = Transformer(config.model)
     try:
         model.load_state_dict(payload["model"])
@@ -82,6 +84,17 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, RunC
         first_line = str(e).splitlines()[0][:200]
         raise UserError(f"checkpoint {payload['path']} does not match its config: {first_line}") from None
     return model.to(device).eval(), config, payload
+
+
+def recorded_code(payload: dict) -> dict | None:
+    """The projections of one's own a checkpoint was trained with: in the checkpoint, or (older ones) in its run's
+    summary record."""
+    if payload.get("projections") is not None:
+        return payload["projections"]
+    summary = run_dir_of(payload["path"]) / "summary.json"
+    if summary.is_file():
+        return (read_json(summary, "a run summary").get("record") or {}).get("projections")
+    return None
 
 
 def run_dir_of(checkpoint_path: str | Path) -> Path:

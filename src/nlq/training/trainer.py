@@ -24,11 +24,11 @@ from nlq.fileio import remove_stale
 from nlq.interop.load import load_initial_weights
 from nlq.lock import directory_lock
 from nlq.model import Transformer, check_loss_impl
-from nlq.projections import own_sources
+from nlq.projections import check_own_code, own_sources
 from nlq.provenance import code_version, tensor_hash, utc_now
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.metrics import read_metrics, truncate_metrics, write_metrics
-from nlq.runs.rundir import save_config, write_summary
+from nlq.runs.rundir import recorded_code, save_config, write_summary
 from nlq.training import distributed
 from nlq.training.distributed import DistEnv
 from nlq.training.evaluate import evaluate, perplexity
@@ -157,6 +157,7 @@ class Trainer:
         return self._compatible(payload)
 
     def _compatible(self, payload: dict) -> dict:
+        check_own_code(recorded_code(payload), str(payload["path"]))  # its weights meant for the same code
         saved = asdict(ckpt.payload_config(payload).model)
         changed = [k for k, v in asdict(self.config.model).items() if saved.get(k) != v]
         if changed:
@@ -288,7 +289,8 @@ class Trainer:
         if self.env.is_main:
             payload = {"model": model_state, "optimizer": optim_state, "step": step, "rng": rng_ranks[0],
                        "rng_ranks": rng_ranks, "config": self.config.to_dict(),
-                       "tokenizer": self.inputs.checkpoint_files()}  # a copied checkpoint still knows its tokenizer
+                       "tokenizer": self.inputs.checkpoint_files(),  # a copied checkpoint still knows its tokenizer
+                       "projections": own_sources(self.config.model.placements.values())}  # and its code of one's own
             path = ckpt.save_checkpoint(self.run_dir, step, payload, self.config.train.keep_checkpoints)
             if step == self.config.train.max_steps:
                 ckpt.save_model_only(self.run_dir, model_state, self.config.to_dict(), step)
