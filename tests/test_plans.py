@@ -16,7 +16,8 @@ from nlq.studies.registry import get_study
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "results" / "verdict"
-ADDED_SINCE = {"model": {"attn_gate": "none"}}  # fields added after the committed studies ran, at their defaults
+# fields added after the committed studies ran, at their defaults
+ADDED_SINCE = {"model": {"attn_gate": "none", "options": {}}}
 
 
 def as_committed(config: dict, saved: dict) -> dict:

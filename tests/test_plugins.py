@@ -297,3 +297,76 @@ def test_a_changed_plugin_file_is_refused_wherever_a_run_of_it_is_used(plugin, b
     for argv in (["eval", run], ["sample", run, "--prompt", "a", "--max-new-tokens", "2"],
                  ["train", "--data", byte_data, "--out", run, "--resume", "--train.max_steps=6"]):
         one_line_error(capsys, argv, needle)
+
+
+OPTIONED = '''
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from nlq.projections import Projection, register_projection
+
+
+class BottleneckTanh(Projection):
+    """Q = X W + up(tanh(down(X))), the bottleneck's width and scale set from the config."""
+
+    @dataclass
+    class Options:
+        rank: int = 8
+        scale: float = 1.0
+
+        def __post_init__(self):
+            if self.rank < 1:
+                raise ValueError(f"rank={self.rank} must be >= 1")
+
+    def __init__(self, dim, rank=8, scale=1.0):
+        super().__init__()
+        self.scale = scale
+        self.weight_proj = nn.Linear(dim, dim, bias=False)
+        self.down, self.up = nn.Linear(dim, rank, bias=False), nn.Linear(rank, dim, bias=False)
+
+    def forward(self, x):
+        return self.weight_proj(x) + self.scale * self.up(torch.tanh(self.down(x)))
+
+
+register_projection("bottleneck-tanh", BottleneckTanh)
+'''
+
+
+@pytest.fixture
+def optioned(tmp_path):
+    path = tmp_path / "optioned.py"
+    path.write_text(OPTIONED)
+    saved = dict(PROJECTIONS)
+    plugins.import_modules([str(path)])
+    yield path
+    PROJECTIONS.clear()
+    PROJECTIONS.update(saved)
+    sys.modules.pop("optioned", None)
+
+
+def test_a_plugin_takes_its_options_from_the_command_line_checked_and_recorded(optioned, byte_data, tmp_path, capsys,
+                                                                                monkeypatch):
+    """`--model.query_rank=4` used to be ignored silently for a plugin; --model.options.NAME=VALUE reaches its
+    constructor, typed by its Options dataclass, and config.json records it; a wrong name or value is one line."""
+    from nlq.cli import main
+
+    monkeypatch.setenv("NLQ_IMPORT", str(optioned))
+    run = train_small(byte_data, tmp_path / "run", "--model.query=bottleneck-tanh", "--model.options.rank=4",
+                      "--model.options.scale=0.5")
+    assert json.loads((run / "config.json").read_text())["model"]["options"] == {"rank": "4", "scale": "0.5"}
+    model = Transformer(tiny_model_config(query="bottleneck-tanh", options={"rank": "4", "scale": "0.5"}), seed=0)
+    assert model.blocks[0].attn.q_proj.down.weight.shape == (4, 32) and model.blocks[0].attn.q_proj.scale == 0.5
+    one_line_error(capsys, ["info", "micro", "--model.query=bottleneck-tanh", "--model.options.width=4"],
+                   "model.options.width: BottleneckTanh has no such option; its options: rank (int), scale (float)")
+    one_line_error(capsys, ["info", "micro", "--model.query=bottleneck-tanh", "--model.options.rank=four"],
+                   "model.options.rank='four' is not a valid int")
+    one_line_error(capsys, ["info", "micro", "--model.query=bottleneck-tanh", "--model.options.rank=0"],
+                   "model.options for BottleneckTanh: rank=0 must be >= 1")
+    one_line_error(capsys, ["info", "micro", "--model.options.rank=4"], "model.options={'rank': '4'} sets options of "
+                                                                         "a projection of your own")
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "bottleneck-tanh (optioned.BottleneckTanh): options rank: int = 8, scale: float = 1.0" in \
+        capsys.readouterr().out

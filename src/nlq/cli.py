@@ -205,6 +205,18 @@ class FieldsHelp(argparse.Action):
         print("\nconfig fields (override as --section.field=value; layered: preset or the resumed run's config, "
               "then --config FILE, then these):")
         print("\n".join(describe_fields()))
+        from nlq.plugins import import_from_environment
+        from nlq.projections import describe_own
+
+        try:
+            import_from_environment()  # -h is answered before main() imports them
+        except UserError as e:
+            print(f"\n(NLQ_IMPORT could not be imported: {e})")
+        own = describe_own()
+        if own:
+            print("\nprojections of your own (NLQ_IMPORT), chosen with --model.query=NAME, their options set with "
+                  "--model.options.OPTION=VALUE:")
+            print("\n".join(own))
         parser.exit()
 
 

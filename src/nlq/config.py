@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nlq.errors import ConfigError
-from nlq.projections import ACTIVATION_MODULES, OWN_HINT, PROJECTIONS
+from nlq.projections import ACTIVATION_MODULES, BUILT_IN, OWN_HINT, PROJECTIONS
+
+BUILT_IN_SORTED = sorted(BUILT_IN)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -101,6 +103,8 @@ class ModelConfig:
     query_activation: str = setting("gelu", "the nonlinear query's activation")
     query_in_norm: bool = setting(True, "nonlinear query: RMSNorm before W1")
     query_out_norm: bool = setting(True, "nonlinear query: LayerNorm after W2")
+    options: dict = setting(dict, "options of a projection of your own, e.g. --model.options.rank=4 (its Options "
+                                  "dataclass says which; docs/PROJECTIONS.md)")
     projections: ProjectionsConfig = setting(ProjectionsConfig, "per-placement projections (q, k, v, o)")
     attn_scale: float | None = setting(None, "explicit softmax scale; None: 1/sqrt(head size) (Attention in model.py)")
     attn_impl: Literal["sdpa", "math"] = setting("sdpa", "fused SDPA kernels, or the explicit softmax(QK^T)V")
@@ -131,6 +135,9 @@ class ModelConfig:
                f"use a ratio of at least {1 / self.n_embd:.3g}")
         _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _one_of("model", "query", self.query, tuple(PROJECTIONS), OWN_HINT)
+        own = sorted(set(self.placements.values()) - BUILT_IN)
+        _check(not self.options or own, f"model.options={short_repr(self.options)} sets options of a projection of "
+                                        f"your own, and this model uses nlq's own only ({', '.join(BUILT_IN_SORTED)})")
         _check(self.query_rank is None or self.query_rank > 0, f"model.query_rank={self.query_rank} must be > 0")
         _one_of("model", "query_activation", self.query_activation, tuple(ACTIVATION_MODULES))
         _check(self.attn_scale is None or self.attn_scale > 0, f"model.attn_scale={self.attn_scale} must be > 0")
@@ -361,6 +368,11 @@ def _convert(key: str, value: Any, annotation: Any) -> Any:
     elif annotation is str:
         if isinstance(value, str):
             return value
+    elif annotation is dict:  # options of one's own: a table of scalars, converted by whoever reads them
+        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (str, int, float, bool))
+                                           for k, v in value.items()):
+            return dict(value)
+        expected = "table of option = value (numbers, text or true/false)"
     raise ConfigError(f"{key}={short_repr(value)} is not a valid {expected}")
 
 

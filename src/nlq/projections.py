@@ -22,9 +22,11 @@ in NLQ_IMPORT or in a plan's `imports` (nlq.plugins); then `--model.query=name` 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import sys
+import typing
 from pathlib import Path
 
 import torch
@@ -63,10 +65,29 @@ class Projection(nn.Module):
 
     output_scale, query_scale = 1.0, 1.0
     default_init = False
+    Options = None  # a dataclass of the keyword arguments model.options may set (--model.options.NAME=VALUE)
 
     @classmethod
     def from_config(cls, cfg) -> Projection:
-        return cls(cfg.n_embd)
+        return cls(cfg.n_embd, **cls.read_options(getattr(cfg, "options", None) or {}))
+
+    @classmethod
+    def read_options(cls, options: dict) -> dict:
+        """model.options as this projection's keyword arguments, each converted to its Options field's type (a
+        command line gives text); an unknown name or a bad value is a one-line error naming the valid ones."""
+        fields = {f.name: f for f in dataclasses.fields(cls.Options)} if cls.Options else {}
+        unknown = sorted(set(options) - set(fields))
+        if unknown:
+            valid = ", ".join(f"{f.name} ({_type_name(f.type)})" for f in fields.values()) or "none"
+            raise UserError(f"model.options.{unknown[0]}: {cls.__qualname__} has no such option; its options: {valid}")
+        hints = typing.get_type_hints(cls.Options) if cls.Options else {}
+        values = {name: _option_value(f"model.options.{name}", value, hints[name]) for name, value in options.items()}
+        if cls.Options:
+            try:
+                cls.Options(**values)  # the dataclass's own checks (__post_init__), if it has any
+            except (TypeError, ValueError) as e:
+                raise UserError(f"model.options for {cls.__qualname__}: {str(e).splitlines()[0]}") from None
+        return values
 
     def input_weight(self) -> torch.Tensor | None:
         return None
@@ -238,6 +259,27 @@ def own_sources(names) -> dict[str, dict]:
     return out
 
 
+def _type_name(kind) -> str:
+    return kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+
+
+def _option_value(key: str, value, kind):
+    """value (text from a command line, or a TOML/YAML scalar) as kind: int, float, bool or str."""
+    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    try:
+        if kind in (int, float) and not isinstance(value, bool):
+            number = kind(value)
+            if kind is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return number
+        if kind is str and isinstance(value, str) or kind is bool and isinstance(value, bool):
+            return value
+    except (TypeError, ValueError):
+        pass
+    raise UserError(f"{key}={value!r} is not a valid {_type_name(kind)}")
+
+
 def check_own_code(recorded: dict | None, where: str) -> None:
     """The projections of one's own that `where` was made with ({name: {class, file, sha256}}, as own_sources records
     them) must be the code imported now: a one-line refusal naming the file and both hashes otherwise, since the same
@@ -250,6 +292,18 @@ def check_own_code(recorded: dict | None, where: str) -> None:
             raise UserError(f"{where} was made with projection {name} from {before.get('file')} (sha256 "
                             f"{before['sha256'][:16]}), and the code imported now, {now['file']}, has sha256 "
                             f"{(now['sha256'] or 'unreadable')[:16]}: restore the file it was made with")
+
+
+def describe_own() -> list[str]:
+    """One line per registered projection of one's own: its name, class and options (for --help)."""
+    lines = []
+    for name in sorted(set(PROJECTIONS) - BUILT_IN):
+        cls = PROJECTIONS[name]
+        options = getattr(cls, "Options", None)
+        fields = [f"{f.name}: {_type_name(f.type)} = {f.default!r}" for f in dataclasses.fields(options)] if options \
+            else []
+        lines.append(f"  {name} ({cls.__module__}.{cls.__qualname__}): options " + (", ".join(fields) or "none"))
+    return lines
 
 
 def build_projection(name: str, cfg) -> nn.Module:
