@@ -1,6 +1,6 @@
 """A projection of the user's own, outside nlq: registered by a module named in NLQ_IMPORT or in a plan's
-imports, it trains, evaluates and runs in a plan like nlq's own; the run records its code's hash; what cannot
-take it (an export) says so in one line."""
+imports, it trains, evaluates, exports and runs in a plan like nlq's own; the run records its code's hash, and a
+changed file is refused wherever the run is used; its init, options and width are its own and checked early."""
 
 import hashlib
 import json
@@ -111,8 +111,6 @@ def test_nlq_import_trains_records_the_module_and_evaluates_a_run_of_ones_own(pl
     capsys.readouterr()
     main(["eval", str(run)])
     assert "loss" in capsys.readouterr().out
-    one_line_error(capsys, ["export", run, "--to", "hf", tmp_path / "hf"], "tanh-query, a projection of your own")
-    assert not (tmp_path / "hf").exists()
 
 
 def test_without_its_module_a_projection_of_ones_own_is_a_one_line_error_that_says_how(byte_data, tmp_path, capsys,
@@ -370,3 +368,44 @@ def test_a_plugin_takes_its_options_from_the_command_line_checked_and_recorded(o
         main(["train", "--help"])
     assert "bottleneck-tanh (optioned.BottleneckTanh): options rank: int = 8, scale: float = 1.0" in \
         capsys.readouterr().out
+
+
+def test_a_run_of_ones_own_projection_exports_to_transformers_with_its_module_and_the_same_logits(
+        plugin, byte_data, tmp_path, monkeypatch):
+    """Export used to refuse a projection of one's own; it ships the module (imports made relative, its sha256 in
+    config.json) and transformers' AutoModelForCausalLM computes nlq's logits."""
+    transformers = pytest.importorskip("transformers")
+    from nlq.interop.export import export_hf
+    from nlq.runs.rundir import load_model
+
+    monkeypatch.setenv("NLQ_IMPORT", str(plugin))
+    run = train_small(byte_data, tmp_path / "run", "--model.query=tanh-query")
+    assert "NlqForCausalLM" in export_hf(run, tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["nlq_plugin"]["sha256"] == hashlib.sha256(plugin.read_bytes()).hexdigest()
+    assert "from .nlq_projections import" in (tmp_path / "hf" / "nlq_plugin.py").read_text()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    ours, _, _ = load_model(run)
+    ids = torch.randint(0, 257, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(ids)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_projection_that_imports_beyond_torch_is_not_exported(tmp_path):
+    """What the shipped module imports must be on the loading side too: torch, nlq's shipped modules and the standard
+    library only; anything else is one line that says why, before anything is written."""
+    from nlq.interop.export import shipped_plugin
+
+    path = tmp_path / "needs_yaml.py"
+    path.write_text("import yaml  # noqa\n" + PLUGIN.replace('"tanh-query"', '"yaml-query"').replace(
+        'register_projection("plain-linear")(PlainLinear)', ""))
+    saved = dict(PROJECTIONS)
+    try:
+        plugins.import_modules([str(path)])
+        with pytest.raises(UserError, match=r"needs_yaml.py imports yaml: an export ships it beside nlq's model "
+                                            r"code, and a module it imports beyond torch"):
+            shipped_plugin(tiny_model_config(query="yaml-query"))
+    finally:
+        PROJECTIONS.clear()
+        PROJECTIONS.update(saved)
+        sys.modules.pop("needs_yaml", None)

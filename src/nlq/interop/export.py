@@ -4,6 +4,9 @@
 - Every other model (nonlinear or other projections, encoders, QK-norm, RoPE, GQA) becomes a custom model:
   config.json with an auto_map, modeling_nlq.py and nlq's own model code beside it (loaded with
   trust_remote_code=True), so it computes exactly what nlq computes. Encoders load as AutoModelForMaskedLM.
+- A projection of your own (NLQ_IMPORT) is shipped too: its module, imports made relative, as nlq_plugin.py,
+  imported by modeling_nlq.py so that it registers itself (its file's sha256 in config.json, nlq_plugin). It may
+  import torch, nlq's shipped modules and the standard library only: what else it needs, the loading side may lack.
 - Weights in safetensors; the run's tokenizer as tokenizer.json (+ tokenizer_config.json), so the directory
   works with AutoTokenizer and lm-evaluation-harness's HF backend.
 Written into a temporary directory beside OUT_DIR and renamed into place when complete. OUT_DIR is marked
@@ -12,9 +15,12 @@ Written into a temporary directory beside OUT_DIR and renamed into place when co
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import math
 import re
+import sys
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
@@ -23,7 +29,7 @@ from nlq.errors import UserError
 from nlq.fileio import atomic_directory, is_empty_dir, overlaps, remove_stale, stale_siblings, write_json
 from nlq.interop.load import gpt2_state
 from nlq.lock import directory_lock
-from nlq.projections import BUILT_IN
+from nlq.projections import BUILT_IN, own_sources
 from nlq.runs.checkpoint import resolve_checkpoint
 from nlq.runs.rundir import load_model, run_dir_of, tokenizer_folder
 
@@ -47,16 +53,13 @@ def export_hf(source: str | Path, out_dir: str | Path, overwrite: bool = False) 
     check_export_target(out, source, overwrite)
     with directory_lock(out, f"export directory {out}"):
         remove_stale(out.parent, stale_siblings(out))  # a killed export's temporary directory
-        model, config, payload = load_model(source)
-        own = sorted(set(config.model.placements.values()) - BUILT_IN)
-        if own:
-            raise UserError(f"model.query or model.projections uses {', '.join(own)}, a projection of your own; "
-                            f"an export ships nlq's own projections only ({', '.join(sorted(BUILT_IN))})")
+        model, config, payload = load_model(source)  # refuses a plugin file changed since the run
+        plugin = shipped_plugin(config.model)
         with atomic_directory(out) as tmp:
             if is_plain_gpt2(config.model):
                 kind = _write_gpt2(model, config.model, tmp)
             else:
-                kind = _write_custom(model, config.model, tmp)
+                kind = _write_custom(model, config.model, tmp, plugin)
             tokenizer_note = write_tokenizer(Path(payload["path"]), tmp, masked=not config.model.causal)
             write_json(tmp / EXPORT_MARK, {"source": str(Path(payload["path"]).resolve()), "step": payload["step"]})
     return f"exported step {payload['step']} of {payload['path']} to {out} as {kind}; {tokenizer_note}"
@@ -99,23 +102,68 @@ def _write_gpt2(model, cfg, out: Path) -> str:
     return "GPT2LMHeadModel (plain transformers, no custom code)"
 
 
-def _write_custom(model, cfg, out: Path) -> str:
+SHIPPABLE = {"torch", "nlq", "__future__"}  # what a shipped projection of one's own may import, beside the stdlib
+PLUGIN_FILE = "nlq_plugin.py"
+
+
+def shipped_plugin(cfg) -> dict | None:
+    """The module of the projections of one's own this model uses ({"file", "sha256", "projections"}), checked to be
+    one module that imports torch, nlq's shipped modules and the standard library only; None for nlq's own."""
+    own = own_sources(set(cfg.placements.values()) - BUILT_IN)
+    if not own:
+        return None
+    files = sorted({source["file"] for source in own.values()})
+    if len(files) != 1 or not files[0] or not Path(files[0]).is_file():
+        raise UserError(f"model.query or model.projections uses {', '.join(own)} from {', '.join(map(str, files))}; "
+                        f"an export ships one module of your own, a .py file: put them in one")
+    path = Path(files[0])
+    shipped = {Path(name).stem for name in SHIPPED_SOURCES.values()}
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        if isinstance(node, ast.Import) and any(n.split(".")[0] == "nlq" for n in names):
+            raise UserError(f"{path} imports nlq as `import {names[0]}`; an export rewrites `from nlq.MODULE import "
+                            f"NAME` to the shipped copy: write the import that way")
+        for name in names:
+            top, *rest = name.split(".")
+            nlq_ok = top != "nlq" or (rest and rest[0] in shipped)
+            if not nlq_ok or top not in SHIPPABLE | set(sys.stdlib_module_names):
+                raise UserError(f"{path} imports {name}: an export ships it beside nlq's model code, and a module it "
+                                f"imports beyond torch, nlq.{{{', '.join(sorted(shipped))}}} and the standard library "
+                                f"may be missing where the export is loaded; keep the projection to those")
+    return {"file": PLUGIN_FILE, "source": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "projections": sorted(own)}
+
+
+def _relative(source: str) -> str:
+    """nlq imports made relative to the export directory, where nlq's modules are shipped as nlq_*.py."""
+    return re.sub(r"from nlq\.(\w+) import", r"from .nlq_\1 import", source)
+
+
+def _write_custom(model, cfg, out: Path, plugin: dict | None = None) -> str:
     import transformers
     from safetensors.torch import save_file
 
     remote = resources.files("nlq.interop") / "remote"
-    for name in ("configuration_nlq.py", "modeling_nlq.py"):
-        (out / name).write_text((remote / name).read_text())
+    (out / "configuration_nlq.py").write_text((remote / "configuration_nlq.py").read_text())
+    modeling = (remote / "modeling_nlq.py").read_text()
+    if plugin:  # imported by modeling_nlq itself, so that transformers copies it and it registers its projections
+        modeling = modeling.replace("from .nlq_projections import build_projection  # noqa: F401\n",
+                                    "from .nlq_projections import build_projection  # noqa: F401\n"
+                                    "from .nlq_plugin import __doc__ as _plugin_doc  # noqa: F401 (registers)\n")
+        (out / PLUGIN_FILE).write_text(_relative(Path(plugin["source"]).read_text()))
+    (out / "modeling_nlq.py").write_text(modeling)
     package = resources.files("nlq")
     for shipped, original in SHIPPED_SOURCES.items():  # nlq's own model code, imports made relative
-        source = (package / original).read_text()
-        (out / shipped).write_text(re.sub(r"from nlq\.(\w+) import", r"from .nlq_\1 import", source))
+        (out / shipped).write_text(_relative((package / original).read_text()))
     architecture = "NlqForCausalLM" if cfg.causal else "NlqForMaskedLM"
     auto = "AutoModelForCausalLM" if cfg.causal else "AutoModelForMaskedLM"
     hf_config = {"architectures": [architecture], "model_type": "nlq", "nlq_model": asdict(cfg),
                  "auto_map": {"AutoConfig": "configuration_nlq.NlqConfig", auto: f"modeling_nlq.{architecture}"},
                  "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": "float32", "dtype": "float32",
                  "transformers_version": transformers.__version__}
+    if plugin:
+        hf_config["nlq_plugin"] = {k: plugin[k] for k in ("file", "sha256", "projections")} | {"from": plugin["source"]}
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     state = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
