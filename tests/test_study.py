@@ -309,7 +309,7 @@ def test_a_shard_waits_while_another_prepares_the_study_data(tmp_path, monkeypat
 
     calls, messages = [], []
 
-    def busy_then_ready(source, tokenizer, out, val_fraction, log):
+    def busy_then_ready(source, tokenizer, out, val_fraction, log, advice):
         calls.append(out)
         if len(calls) == 1:
             raise LockHeld("data directory is in use by another nlq process")
@@ -424,3 +424,17 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
     worker.join(timeout=30)
     assert not worker.is_alive() and second_started == [True]
     assert [name for _, name, _ in trained] == ["a-linear-s1", "a-linear-s3", "b-linear-s1"]
+
+
+def test_a_study_whose_data_directory_holds_another_dataset_gives_advice_a_study_can_follow(byte_data, tmp_path):
+    """The shard logs used to advise --overwrite, which nlq study does not take."""
+    from nlq.errors import UserError
+    from nlq.studies.study import DataSpec, prepare_study_data
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.json").write_text(json.dumps({"source": "other", "tokenizer": "byte"}))
+    study = tiny_study(byte_data)
+    study.data = DataSpec("shakespeare", "byte")
+    with pytest.raises(UserError) as error:
+        prepare_study_data(study, tmp_path, None, log=lambda *_: None)
+    assert "--overwrite" not in str(error.value) and "--data DIR, or remove" in str(error.value)

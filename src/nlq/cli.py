@@ -280,7 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="loss, perplexity and bits per byte of a checkpoint")
+    p = sub.add_parser("eval", help="loss, perplexity and bits per byte of a checkpoint",
+                       epilog="Overrides of the data section only: --data.eval_windows=N (fixed windows scored; the "
+                              "run's own by default) and --data.final_eval=full (the whole val split, as a study's "
+                              "endpoint full_val_loss is scored).")
     p.add_argument("run", help="run directory or checkpoint file")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--data", help="prepared data directory (default: the run's)")

@@ -58,9 +58,11 @@ def _split_documents(source: Source, seed: int, val_fraction: float, split: str)
 
 def prepare(source_spec: str, tokenizer_name: str, out: str | Path, *, overwrite: bool = False,
             val_fraction: float = 0.05, seed: int = 2357, text_field: str = "text",
-            doc_separator: str | None = None, chunk_chars: int = CHUNK_CHARS, log=print) -> dict:
+            doc_separator: str | None = None, chunk_chars: int = CHUNK_CHARS, log=print,
+            advice: str = "choose another --out or pass --overwrite") -> dict:
     """Prepare a data directory; returns its meta. A directory already prepared from the same inputs is
-    reused as it is; one holding anything else is refused unless overwrite."""
+    reused as it is; one holding anything else is refused unless overwrite (advice: what a refusal tells the user
+    to do, in the words of the command that called)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file, not a directory; choose a directory path for the prepared data")
@@ -72,9 +74,10 @@ def prepare(source_spec: str, tokenizer_name: str, out: str | Path, *, overwrite
                "text_field": text_field, "doc_separator": doc_separator}
     if out.exists() and not is_empty_dir(out) and not (out / "meta.json").is_file():
         raise UserError(f"{out} exists and is not an nlq data directory (no meta.json); nlq replaces only its own "
-                        f"datasets, even with --overwrite: choose a new or empty --out")
-    if out.exists() and not overwrite and (existing := _existing_meta(out, request)):
-        log(f"{out} is already prepared from {source.name} with {tokenizer_name}; reusing it (--overwrite rebuilds)")
+                        f"datasets: {advice.replace(' or pass --overwrite', '')}")
+    if out.exists() and not overwrite and (existing := _existing_meta(out, request, advice)):
+        log(f"{out} is already prepared from {source.name} with {tokenizer_name}; reusing it"
+            + (" (--overwrite rebuilds)" if "--overwrite" in advice else ""))
         return existing
     out.parent.mkdir(parents=True, exist_ok=True)
     with directory_lock(out, f"data directory {out}"):
@@ -144,21 +147,21 @@ def _prepare(source: Source, tokenizer_name: str, out: Path, request: dict, seed
     return meta
 
 
-def _existing_meta(out: Path, request: dict) -> dict | None:
+def _existing_meta(out: Path, request: dict, advice: str) -> dict | None:
     """The meta of an output directory prepared from the same request; None for an empty directory;
     an error for anything else."""
     meta_path = out / "meta.json"
     if not meta_path.is_file():
         if out.is_dir() and not any(out.iterdir()):
             return None
-        raise UserError(f"{out} exists and is not an nlq data directory; choose another --out or pass --overwrite")
-    meta = read_json(meta_path, "the meta of a prepared dataset; choose another --out or pass --overwrite")
+        raise UserError(f"{out} exists and is not an nlq data directory; {advice}")
+    meta = read_json(meta_path, f"the meta of a prepared dataset; {advice}")
     differs = [k for k, v in request.items() if meta.get(k) != v]
     if differs:
         raise UserError(
             f"{out} holds a different dataset "
             f"({', '.join(f'{k}={meta.get(k)!r}, not {request[k]!r}' for k in differs)}); "
-            f"choose another --out or pass --overwrite"
+            f"{advice}"
         )
     return meta
 

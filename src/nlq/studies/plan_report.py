@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from nlq.config import RunConfig
+from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.studies.borrow import borrowed_arms
 from nlq.studies.engine import endpoints, has_grid, lr_means, run_dir_of, run_records, selection
@@ -21,6 +23,7 @@ from nlq.studies.plan import check_settings
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed, power_paired_t, sd_interval
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
+from nlq.studies.wsd import flops_per_token
 
 
 def build_plan_report(study_dir: Path, study: dict) -> str:
@@ -60,7 +63,7 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
              f"{s['confidence']:.0%} paired t interval; the equivalence test (two one-sided t tests at "
              f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
              f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
-             f"inconclusive.", ""]
+             f"inconclusive."] + arms_table(study_dir, runs, s) + [""]
     pairs = pairs_of(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
     finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
     finished |= {v: len(pairs_of(loss, baseline, v, seeds, primary_tpp, s["endpoint"])) for v in s["secondary"]}
@@ -218,6 +221,8 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
             rows.append((variant, tpp, paired_difference([v for _, _, v in pairs], [b for _, b, _ in pairs],
                                                          s["confidence"])))
     lines = ["", "## Secondary comparisons (declared in advance; not part of the decision)", ""]
+    if not family:
+        return lines + ["None declared (no secondary arm, one budget)."]
     if not rows:
         return lines + ["None has all its pairs yet (the secondary arms run after the primary arms)."]
     # Holm over the whole declared family: a comparison whose pairs are not all in counts with p = 1 until they
@@ -280,7 +285,10 @@ def grid_report(study_dir: Path, study: dict) -> str:
     s = study["settings"]
     arms = s["primary"] + s["secondary"]
     baseline, method = s["primary"]
-    lines = header(study) + ["## The pre-registered test", "", design_text(study), "", "## Selection", ""]
+    budget_runs = [r for r in load_summaries(study_dir, {"runs": run_records(study_dir, study)})
+                   if r.get("stage") == "budget"]
+    lines = header(study) + ["## The pre-registered test", "", design_text(study)]
+    lines += arms_table(study_dir, budget_runs, s) + ["", "## Selection", ""]
     picked = endpoints(study_dir, study, s["selection_seeds"])
     chosen = selection(picked, s, arms)
     curve = lr_curve(picked, s, arms)
@@ -304,7 +312,7 @@ def grid_report(study_dir: Path, study: dict) -> str:
     margin_lines, outcome["selection_margins"] = selection_margins(picked, chosen, s, arms)
     lines += margin_lines + selection_comparisons(picked, chosen, s, baseline, method)
 
-    runs = [r for r in load_summaries(study_dir, {"runs": run_records(study_dir, study)}) if r.get("stage") == "budget"]
+    runs = budget_runs
     loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs
             if r["seed"] in s["seeds"] and chosen[r["variant"]]["lr"] is not None
             and r["lr"] == chosen[r["variant"]]["lr"]}
@@ -355,6 +363,31 @@ def borrowed_text(s: dict) -> list[str]:
             "study's, read from its directory beside this one): " + "; ".join(
                 f"{', '.join(arms)} from study `{study}` at commit `{commit[:12]}`"
                 for (study, commit), arms in by_source.items()) + "."]
+
+
+def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
+    """Per arm, from its first finished run at the primary budget: non-embedding parameters, training tokens per its
+    own parameter (every arm trains on the same tokens, set by the baseline's count) and training FLOPs per token."""
+    first = {}
+    for r in runs:
+        if r.get("tpp") == s["primary_tpp"]:
+            first.setdefault(r["variant"], r)
+    arms = [arm for arm in s["primary"] + (s.get("secondary") or []) if arm in first]
+    if not arms:
+        return []
+    lines = ["", f"| arm | non-embedding parameters | tokens per own parameter at {s['primary_tpp']:g} | training "
+             "FLOPs per token |", "|---|---|---|---|"]
+    for arm in arms:
+        r = first[arm]
+        config = run_dir_of(study_dir, r) / "config.json"
+        try:
+            flops = f"{flops_per_token(RunConfig.from_dict(read_json(config, 'a run config'))):,}"
+        except (UserError, ValueError, KeyError, OSError):  # no config, or a projection of one's own not imported
+            flops = "n/a"
+        params, tokens = r.get("non_embedding_parameters"), r.get("tokens")
+        own = f"{tokens / params:.0f}" if params and tokens else "n/a"
+        lines.append(f"| {arm} | {f'{params:,}' if params else 'n/a'} | {own} | {flops} |")
+    return lines
 
 
 def design_text(study: dict) -> str:
@@ -579,7 +612,7 @@ def plot_test(path: Path, pairs: list[tuple], family: list[dict], s: dict, basel
               name: str) -> None:
     deltas = [v - b for _, b, v in pairs]
     cells = [(f"{method} - {baseline}\n(the test)", deltas)]
-    fig, ax = plt.subplots(figsize=(7.5 if family else 4.0, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5 if family else 5.5, 4.2))  # 5.5: the title fits without a family
     p = paired_difference(deltas, [0.0] * len(deltas), s["confidence"])
     intervals = [p] + family
     labels = [cells[0][0]] + [row["comparison"].replace(" - ", " -\n", 1) for row in family]

@@ -137,7 +137,8 @@ def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=
     out = study_dir / "data"
     while True:
         try:
-            prepare(study.data.source, study.data.tokenizer, out, val_fraction=study.data.val_fraction, log=log)
+            prepare(study.data.source, study.data.tokenizer, out, val_fraction=study.data.val_fraction, log=log,
+                    advice=f"give the study a prepared directory with --data DIR, or remove {out} to prepare it again")
             return out
         except LockHeld:
             if not wait_for_others:

@@ -28,6 +28,16 @@ def _non_embedding_parameters(model: str) -> int:  # keyed by the model config a
         return Transformer(RunConfig.from_dict({"model": json.loads(model)}).model).num_parameters()
 
 
+def flops_per_token(config: RunConfig) -> int:
+    return _flops_per_token(json.dumps(asdict(config.model), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _flops_per_token(model: str) -> int:
+    with torch.device("meta"):
+        return Transformer(RunConfig.from_dict({"model": json.loads(model)}).model).flops_per_token()
+
+
 def budget_steps(config: RunConfig, shape: dict, tpp: float) -> int:
     """Steps for tpp tokens per non-embedding parameter of the linear model of this shape (every variant of a
     shape gets the same tokens)."""
