@@ -273,3 +273,19 @@ def test_the_dry_run_says_what_the_test_pairs_buy_at_the_planning_sd(tmp_path, c
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith("power: 2 test pairs at the planning sd 0.03")
     assert out[-1].endswith("below the declared planning_power 0.9: 26 pairs would reach it")
+
+
+def test_the_dry_run_bounds_every_stage_and_lists_the_weights_each_arm_shares_with_the_baseline():
+    """A grid plan's dry run used to count its first stage only ("in all: 24 runs" where 36 ran); it now bounds
+    the whole plan, the edge rule's worst case included, and shows which initial weights each arm shares."""
+    from nlq.studies.engine import bounds_text, shared_start_text
+
+    study = get_study("gate-lr")
+    bounds = bounds_text(study)
+    assert bounds.startswith("whole plan, every stage: selection 45 chains (1.33G tokens); edge extensions at most "
+                             "54 chains (1.60G tokens); test 48 chains (1.42G tokens); at most 147 chains")
+    shared = shared_start_text(study).splitlines()
+    assert "arm gate-qknorm: 22 of 24 parameter tensors start equal to linear-qknorm's; the others: " \
+           "attn.gate_proj.weight" in shared
+    assert any(line.startswith("arm nonlinear-qknorm: 20 of 28") and "attn.q_proj.up.weight" in line
+               for line in shared)

@@ -15,15 +15,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
+
 from nlq.config import update
 from nlq.errors import UserError
 from nlq.fileio import read_json
+from nlq.model import Transformer
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
 from nlq.studies.plan import Plan
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.study import Run, Study
-from nlq.studies.wsd import non_embedding_parameters, wsd_chain
+from nlq.studies.wsd import chain_tokens, non_embedding_parameters, wsd_chain
 
 
 def has_grid(settings: dict) -> bool:
@@ -170,6 +173,46 @@ def arms_text(study: Study) -> str:
         borrow = borrowed_arms(s).get(arm)
         lent = f"; borrowed from study {borrow['study']} at commit {borrow['commit'][:12]}" if borrow else ""
         lines.append(f"arm {arm}: {count:,} non-embedding parameters at {s['width']}{share}{lent}")
+    return "\n".join(lines)
+
+
+def bounds_text(study: Study) -> str:
+    """What the whole plan can cost, every stage included (--dry-run, before anything runs): the chains (a stable run
+    and its branches) and training tokens of the selection, of the worst case of the edge rule (every trained arm
+    extended max_extensions times each way) and of the test; borrowed arms cost nothing here."""
+    s = study.settings
+    arms = [v for v in study.variants if v.name not in borrowed_arms(s)]
+    per_chain = chain_tokens(update(study.base, {"model": s["shape"]}), s["shape"], s["budgets_tpp"])
+    stages = [("test", len(arms) * len(s["seeds"]))]
+    if has_grid(s):
+        selection = len(s["selection_seeds"])
+        stages = [("selection", len(arms) * len(s["lrs"]) * selection),
+                  ("edge extensions at most", len(arms) * 2 * s["max_extensions"] * selection)] + stages
+    chains = sum(n for _, n in stages)
+    parts = "; ".join(f"{name} {n} chains ({n * per_chain / 1e9:.2f}G tokens)" for name, n in stages)
+    return (f"whole plan, every stage: {parts}; at most {chains} chains, {chains * per_chain / 1e9:.2f}G tokens "
+            f"({per_chain:,} per chain)")
+
+
+def shared_start_text(study: Study, limit: int = 20_000_000) -> str:
+    """Per arm, the parameter tensors that start equal to the baseline's at the first test seed (weights are drawn
+    per name, so equal names usually start equal): checked by building both models, for models under `limit`
+    parameters."""
+    s = study.settings
+    baseline = s["primary"][0]
+    configs = {v.name: update(update(study.base, v.changes), {"model": s["shape"]}).model for v in study.variants}
+    if configs[baseline].approx_parameters() > limit:
+        return f"shared initial weights: not checked here (models over {limit:,} parameters)"
+    states = {arm: Transformer(cfg, seed=s["seeds"][0]).state_dict() for arm, cfg in configs.items()}
+    lines = []
+    for arm, state in states.items():
+        if arm == baseline:
+            continue
+        base = states[baseline]
+        equal = [k for k in state if k in base and base[k].shape == state[k].shape and torch.equal(base[k], state[k])]
+        differ = sorted({k.split(".", 2)[-1] for k in state if k not in equal})
+        lines.append(f"arm {arm}: {len(equal)} of {len(state)} parameter tensors start equal to {baseline}'s; the "
+                     f"others: {', '.join(differ) or 'none'}")
     return "\n".join(lines)
 
 

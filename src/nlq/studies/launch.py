@@ -18,7 +18,7 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
                   shards: int | None, dry_run: bool) -> None:
     """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
     from nlq.studies.dry_run import plan_text
-    from nlq.studies.engine import arms_text, power_text
+    from nlq.studies.engine import arms_text, bounds_text, power_text, shared_start_text
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.sharding import parse_shard
     from nlq.studies.study import run_study
@@ -39,6 +39,8 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
                 print(plan_text(study, out, overrides, data_dir=data, shard=one))
             if study.plan is not None:
                 print(arms_text(study))
+                print(shared_start_text(study))
+                print(bounds_text(study))
                 print(power_text(study.settings))
             return
         run_study(study, out, overrides, data_dir=data, shard=chosen[0])
