@@ -366,6 +366,7 @@ def test_a_shard_whose_partner_never_starts_or_died_takes_over_its_chains_after_
     study = task_study("lonely", [LINEAR])
     study.stages = lambda study_dir: iter([[Run(study, LINEAR, s, None, TASK, tag="r") for s in range(1, 7)]])
     (tmp_path / "runs" / "r-linear-s4").mkdir(parents=True)  # shard 2/2 died in this run: no lock holds it
+    (tmp_path / "study.json").write_text(json.dumps({"name": "lonely"}))  # which it had written before training
     messages = []
     lone = threading.Thread(target=run_study, args=(study, tmp_path), kwargs={"log": messages.append, "shard": (1, 2)},
                             daemon=True)

@@ -35,12 +35,25 @@ def changed_field(old, new, prefix: str = "") -> str | None:
 
 
 def check_frozen(name: str, plan: dict | None, study_dir: Path) -> None:
-    """A study directory that ran one plan refuses another: the changed field is named."""
+    """A study directory that ran one study or plan refuses another (for a plan, the changed field is named), and one
+    that holds runs without the study.json that says what they are is refused too."""
     path = Path(study_dir) / "study.json"
-    if plan is None or not path.is_file():
+    runs = Path(study_dir) / "runs"
+    if not path.is_file():
+        if runs.is_dir() and any(p.is_dir() for p in runs.iterdir()):
+            raise UserError(f"{study_dir} holds runs but no study.json, which says what study they belong to; restore "
+                            f"it, or give this study a new directory")
         return
     earlier = read_json(path, "the study's description")
-    if "plan_hash" not in earlier or earlier["plan_hash"] == plan_hash(plan):
+    if earlier.get("name") != name:
+        raise UserError(f"{study_dir} holds study {earlier.get('name')!r}, not {name!r}; give each study a directory "
+                        f"of its own")
+    if plan is None:
+        return
+    if "plan_hash" not in earlier:
+        raise UserError(f"{path} records no plan hash, so it cannot show that its runs ran plan {name}; restore it, or "
+                        f"give this study a new directory")
+    if earlier["plan_hash"] == plan_hash(plan):
         return
     field_name = changed_field(earlier.get("plan") or {}, plan)
     raise UserError(f"{study_dir} ran another version of plan {name}: {field_name} changed; a pre-registered plan "

@@ -10,6 +10,7 @@ refused against a study directory that ran another (the field that changed is na
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
@@ -71,6 +72,9 @@ def load_plan(path: str | Path) -> Plan:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"cannot parse plan {path}: {str(e).splitlines()[0][:200]}") from None
+    except RecursionError:
+        raise UserError(f"cannot parse plan {path}: its tables or arrays are nested too deeply; a plan is a few "
+                        f"flat tables (docs/PLANS.md)") from None
     return read_plan(raw, str(path), base=path.parent)
 
 
@@ -218,12 +222,19 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
                 or len(set(values)) < len(values):
             fail(f"design.{key}", f"is {values!r}; give at least two distinct non-negative integers")
 
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", d["width"]) or ".." in d["width"]:
+        fail("design.width", f"is {d['width']!r}; it names the runs: give a short label of letters, digits, '.', '_' "
+                             "or '-', such as \"d64\" (no path)")
     shape = d["shape"]
-    if sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(isinstance(v, int) and v > 0
-                                                                   for v in shape.values()):
+    if sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1_000_000 for v in shape.values()):
         fail("design.shape", f"is {shape!r}; give {{n_layer = L, n_head = H, n_embd = D}} as positive integers")
-    if not d["budgets_tpp"] or not all(isinstance(b, (int, float)) and b > 0 for b in d["budgets_tpp"]):
-        fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; give positive tokens-per-parameter budgets")
+    if shape["n_embd"] % shape["n_head"]:
+        fail("design.shape", f"has n_embd = {shape['n_embd']}, not divisible by n_head = {shape['n_head']}; pick "
+                             "n_embd a multiple of n_head")
+    if not d["budgets_tpp"] or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 < b < 1e9
+                                       for b in d["budgets_tpp"]):
+        fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; give positive, finite tokens-per-parameter budgets")
     ordered = sorted(set(d["budgets_tpp"]))
     if ordered != d["budgets_tpp"]:
         fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; list each budget once, in increasing order (each one "
@@ -246,25 +257,30 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
     for key, low, high in (("confidence", 0, 1), ("alpha", 0, 0.5)):
         if not low < d[key] < high:
             fail(f"design.{key}", f"is {d[key]!r}; it must lie in ({low}, {high})")
-    for key in ("margin", "planning_sd"):
-        if not (d[key] > 0 and math.isfinite(d[key])):
-            fail(f"design.{key}", f"is {d[key]!r}; it must be > 0")
+    for key in ("margin", "planning_sd", "paper_lr_ratio", "planning_difference"):
+        if key in d and not (d[key] > 0 and math.isfinite(d[key])):
+            fail(f"design.{key}", f"is {d[key]!r}; it must be a finite number > 0")
+    if "planning_power" in d and not 0 < d["planning_power"] < 1:
+        fail("design.planning_power", f"is {d['planning_power']!r}; a power lies in (0, 1), e.g. 0.8")
     if grid:
         seeds("selection_seeds")
         if set(d["selection_seeds"]) & set(d["seeds"]):
             fail("design.selection_seeds",
                  "share seeds with design.seeds; the lr is chosen on seeds that are not tested")
-        positive = all(isinstance(x, (int, float)) and x > 0 for x in d["lrs"])
-        if not d["lrs"] or not positive or sorted(d["lrs"]) != d["lrs"]:
-            fail("design.lrs", f"is {d['lrs']!r}; give increasing positive peak lrs")
-        if not d["edge_factor"] > 1 or d["max_extensions"] < 0 or not 0 < d["min_lr_ratio"] <= 1:
-            fail("design", "needs edge_factor > 1, max_extensions >= 0 and min_lr_ratio in (0, 1]")
-        family = d.get("secondary_family", [])
-        for member in family:
-            ok = member == "interaction" and len(secondary) == 2 or (
-                isinstance(member, list) and len(member) == 2 and all(m in arms for m in member))
-            if not ok:
-                fail("design.secondary_family", f"holds {member!r}; give [variant, baseline] arm pairs or "
-                                                "\"interaction\" (with two secondary arms)")
-    elif not (d["lr"] > 0 and 0 <= d["min_lr"] <= d["lr"]):
+        positive = all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 10 for x in d["lrs"])
+        if not d["lrs"] or not positive or sorted(set(d["lrs"])) != d["lrs"]:
+            fail("design.lrs", f"is {d['lrs']!r}; give strictly increasing positive peak lrs, each once")
+        if not 1 < d["edge_factor"] < 100 or not 0 <= d["max_extensions"] <= 10 or not 0 < d["min_lr_ratio"] <= 1:
+            fail("design", "needs edge_factor in (1, 100), max_extensions in 0..10 and min_lr_ratio in (0, 1]")
+    family = d.get("secondary_family", [])
+    for member in family:
+        ok = member == "interaction" and len(secondary) == 2 or (
+            isinstance(member, list) and len(member) == 2 and all(isinstance(m, str) and m in arms for m in member)
+            and member[0] != member[1])
+        if not ok:
+            fail("design.secondary_family", f"holds {member!r}; give [variant, baseline] pairs of two different "
+                                            "arms, or \"interaction\" (with two secondary arms)")
+    if len({json.dumps(m) for m in family}) < len(family):
+        fail("design.secondary_family", "names a comparison twice; each once")
+    if not grid and not (0 < d["lr"] < 10 and 0 <= d["min_lr"] <= d["lr"]):
         fail("design", f"needs lr > 0 and 0 <= min_lr <= lr (got {d['lr']!r}, {d['min_lr']!r})")

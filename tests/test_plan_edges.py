@@ -1,0 +1,123 @@
+"""Plans and study directories under hostile input: every field checked at read time in one line, run names that
+cannot leave the study directory, a refusal that leaves nothing behind, one study per directory, and two starts of
+different designs into one new directory that cannot both win."""
+
+import json
+import threading
+import tomllib
+
+import pytest
+
+from helpers import fake_training
+from nlq.errors import UserError
+from nlq.studies.plan import SHIPPED, load_plan, read_plan
+from nlq.studies.registry import get_study
+from nlq.studies.study import run_study
+from test_plans import plan_text
+
+
+def quiet(*_):
+    pass
+
+
+def grid(raw: dict) -> dict:
+    raw = json.loads(json.dumps(raw))
+    del raw["design"]["lr"], raw["design"]["min_lr"]
+    raw["design"] |= {"lrs": [1e-3, 2e-3], "min_lr_ratio": 0.1, "edge_factor": 2.0, "max_extensions": 1,
+                      "selection_seeds": [8, 9]}
+    return raw
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda d: d.update(width="../../.."), "design.width is '../../..'; it names the runs"),
+    (lambda d: d.update(width="a/b"), "design.width is 'a/b'"),
+    (lambda d: d.update(shape={"n_layer": 2, "n_head": 3, "n_embd": 64}), "not divisible by n_head = 3"),
+    (lambda d: d.update(shape={"n_layer": 2, "n_head": 4, "n_embd": 10**12}), "design.shape is"),
+    (lambda d: d.update(budgets_tpp=[float("inf")], primary_tpp=float("inf")), "positive, finite"),
+    (lambda d: d.update(planning_power=1.5), "design.planning_power is 1.5; a power lies in (0, 1)"),
+    (lambda d: d.update(planning_difference=-0.02), "design.planning_difference is -0.02"),
+    (lambda d: d.update(paper_lr_ratio=0.0), "design.paper_lr_ratio is 0.0"),
+    (lambda d: d.update(margin=float("nan")), "design.margin is nan"),
+    (lambda d: d.update(secondary_family=[["linear", "linear"]]), "pairs of two different arms"),
+    (lambda d: d.update(secondary_family=[["linear", 3]]), "design.secondary_family holds ['linear', 3]"),
+    (lambda d: d.update(secondary_family=[["residual", "linear"], ["residual", "linear"]]), "names a comparison twice"),
+])
+def test_every_design_field_is_checked_when_the_plan_is_read(change, needle):
+    raw = tomllib.loads((SHIPPED / "example.toml").read_text())
+    change(raw["design"])
+    with pytest.raises(UserError) as error:
+        read_plan(raw, "my.toml")
+    assert needle in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda d: d.update(lrs=[1e-3, 1e-3, 2e-3]), "strictly increasing positive peak lrs, each once"),
+    (lambda d: d.update(lrs=[1e-3, float("inf")]), "design.lrs"),
+    (lambda d: d.update(max_extensions=1000), "max_extensions in 0..10"),
+])
+def test_every_grid_field_is_checked_when_the_plan_is_read(change, needle):
+    raw = grid(tomllib.loads((SHIPPED / "example.toml").read_text()))
+    change(raw["design"])
+    with pytest.raises(UserError, match="design") as error:
+        read_plan(raw, "my.toml")
+    assert needle in str(error.value), str(error.value)
+
+
+def test_a_deeply_nested_plan_is_one_line_not_a_recursion_error(tmp_path):
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(UserError, match="cannot parse plan"):
+        load_plan(path)
+
+
+def test_a_refused_start_leaves_no_study_json_behind(byte_data, tmp_path, monkeypatch):
+    """More shards than the first stage has chains used to be refused after study.json was written, freezing the
+    directory to a plan that never ran."""
+    fake_training(monkeypatch)
+    plan = plan_text(tmp_path)
+    with pytest.raises(UserError, match="at most 4 shards can share it"):
+        run_study(get_study(str(plan)), tmp_path / "s", data_dir=str(byte_data), log=quiet, shard=(1, 9))
+    assert not (tmp_path / "s" / "study.json").exists()
+
+
+def test_one_study_per_directory_and_runs_without_their_study_json_are_refused(byte_data, tmp_path, monkeypatch):
+    fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0})
+    plan = plan_text(tmp_path)
+    run_study(get_study(str(plan)), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    with pytest.raises(UserError, match="holds study 'example', not 'cpu'; give each study a directory of its own"):
+        run_study(get_study("cpu"), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    described = json.loads((tmp_path / "s" / "study.json").read_text())
+    del described["plan_hash"]
+    (tmp_path / "s" / "study.json").write_text(json.dumps(described))
+    with pytest.raises(UserError, match="records no plan hash"):
+        run_study(get_study(str(plan)), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    (tmp_path / "s" / "study.json").unlink()
+    with pytest.raises(UserError, match="holds runs but no study.json"):
+        run_study(get_study(str(plan)), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+
+
+def test_two_starts_of_different_plans_into_one_new_directory_cannot_both_run(byte_data, tmp_path, monkeypatch):
+    """Both used to run, leaving runs of two plan hashes under one study.json."""
+    fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0})
+    first = plan_text(tmp_path)
+    (tmp_path / "other").mkdir()
+    second = plan_text(tmp_path / "other", margin=0.02)
+    outcomes = {}
+
+    def start(name, plan):
+        try:
+            run_study(get_study(str(plan)), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+            outcomes[name] = "ran"
+        except UserError as e:
+            outcomes[name] = str(e)
+
+    threads = [threading.Thread(target=start, args=(n, p)) for n, p in (("a", first), ("b", second))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(v == "ran" for v in outcomes.values()) == [False, True], outcomes
+    refused = next(v for v in outcomes.values() if v != "ran")
+    assert "ran another version of plan example: design.margin changed" in refused
+    summaries = (tmp_path / "s" / "runs").glob("*/summary.json")
+    assert len({json.loads(p.read_text())["record"]["plan_hash"] for p in summaries}) == 1
