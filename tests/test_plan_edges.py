@@ -121,3 +121,15 @@ def test_two_starts_of_different_plans_into_one_new_directory_cannot_both_run(by
     assert "ran another version of plan example: design.margin changed" in refused
     summaries = (tmp_path / "s" / "runs").glob("*/summary.json")
     assert len({json.loads(p.read_text())["record"]["plan_hash"] for p in summaries}) == 1
+
+
+def test_a_loss_this_machine_cannot_run_is_refused_before_the_directory_is_claimed(byte_data, tmp_path, monkeypatch):
+    fake_training(monkeypatch)
+    raw = tomllib.loads(plan_text(tmp_path).read_text())
+    raw["base"]["train"]["loss_impl"] = "liger"
+    from test_plans import to_toml
+
+    (tmp_path / "liger.toml").write_text(to_toml(raw))
+    with pytest.raises(UserError, match="train.loss_impl=liger is Liger-Kernel's CUDA kernel"):
+        run_study(get_study(str(tmp_path / "liger.toml")), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    assert not (tmp_path / "s").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 from nlq.errors import UserError
 from nlq.studies import frozen
 from nlq.studies.sharding import shard_indices
-from nlq.studies.study import Study, _steps_to_train
+from nlq.studies.study import Study, steps_to_train
 
 
 def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
@@ -40,7 +40,7 @@ def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None =
         planned: dict[str, int] = {}  # run name -> the step an earlier segment of it will have reached
         for i in mine:
             config = stage[i].config(overrides, data)
-            steps = _steps_to_train(study_dir / "runs" / stage[i].name, config)
+            steps = steps_to_train(study_dir / "runs" / stage[i].name, config)
             steps = max(0, min(steps, config.train.max_steps - planned.get(stage[i].name, 0)))
             planned[stage[i].name] = config.train.max_steps
             tokens = steps * (config.train.batch_tokens or config.train.batch_size * config.model.block_size)

@@ -5,15 +5,20 @@ config is not the one the study would give it is never trained into."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from nlq.config import RunConfig
-from nlq.errors import UserError
-from nlq.fileio import read_json
+from nlq.errors import LockHeld, UserError
+from nlq.fileio import read_json, write_json
+from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides, parse_overrides
 from nlq.projections import own_sources
+from nlq.training.distributed import resolve_device
+from nlq.training.trainer import loss_impl
 
 
 def plan_hash(raw: dict) -> str:
@@ -185,3 +190,46 @@ def _at(tree: dict, dotted: str):
     for part in dotted.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node
+
+
+def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, shard: tuple[int, int] | None) -> None:
+    """Decide, one start at a time, that study_dir holds this study: refuse another study, plan or overrides, and
+    whatever its first stage would refuse (a designed field overridden, changed code of one's own, more shards than
+    chains, a loss this machine cannot run), before anything is written; then write its study.json if there is
+    none, so that a second start of another design is refused."""
+    data = Path(data_dir) if data_dir else None if study.data.source == "task" else study_dir / "data"
+    with start_lock(study_dir):
+        check_study_dir(study, study_dir, overrides)
+        first = next(iter(study.run_stages(study_dir)))
+        check_overrides(study, first, overrides)
+        configs = [r.config(overrides, data) for r in first]
+        frozen_own_code(study_dir, [c.model for c in configs])
+        for config in configs[:1] + configs[-1:]:  # a loss this machine cannot run (the arms share their recipe)
+            loss_impl(config, bool(config.data.task), resolve_device(config.train.device))
+        groups = len(dict.fromkeys(r.chain for r in first))
+        if shard is not None and shard[1] > groups:  # more shards than the first stage's work: a typo
+            raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
+                            f"runs, so at most {groups} shards can share it; use N <= {groups}")
+        if not (study_dir / "study.json").is_file():
+            study_dir.mkdir(parents=True, exist_ok=True)
+            write_json(study_dir / "study.json", study.describe() | {"overrides": overrides, "runs": []})
+
+
+@contextlib.contextmanager
+def start_lock(study_dir: Path, wait_s: float = 120.0):
+    """The lock under which a start decides what a study directory holds (shards of one study wait for each other)."""
+    lock = DirectoryLock(Path(study_dir).resolve().parent / f".{Path(study_dir).name}.start.lock",
+                         f"the start of study directory {study_dir}")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lock.__enter__()
+            break
+        except LockHeld:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)

@@ -9,7 +9,6 @@ the family modules beside this one; registry.py names them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import subprocess
 import sys
@@ -22,7 +21,6 @@ from nlq.config import RunConfig, update
 from nlq.data.shards import prepare, read_meta
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
-from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides
 from nlq.provenance import code_versions
 from nlq.runs import checkpoint as ckpt
@@ -159,7 +157,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     first), then waits for the rest of the stage, since a later stage may depend on all of it."""
     study_dir = Path(study_dir)
     overrides = overrides or []
-    _claim(study, study_dir, overrides, data_dir, shard)
+    frozen.claim(study, study_dir, overrides, data_dir, shard)
     data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
     done_dirs, started, recorded = [], time.perf_counter(), []
     stamp = {"plan_hash": frozen.plan_hash(study.plan)} if study.plan is not None else {}  # into every run's record
@@ -178,46 +176,6 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         done_dirs += _finish_stage(stage, configs, study_dir, shard, log, stamp)
     log(f"study {study.name}: {len(recorded)} runs in {study_dir} ({(time.perf_counter() - started) / 60:.1f} min)")
     return done_dirs
-
-
-def _claim(study: Study, study_dir: Path, overrides: list[str], data_dir: str | None,
-           shard: tuple[int, int] | None) -> None:
-    """Decide, one start at a time, that study_dir holds this study: refuse another study, plan or overrides, and
-    whatever its first stage would refuse (a designed field overridden, more shards than chains), before anything
-    is written; then write its study.json if there is none, so that a second start of another design is refused."""
-    data = Path(data_dir) if data_dir else None if study.data.source == "task" else study_dir / "data"
-    with start_lock(study_dir):
-        frozen.check_study_dir(study, study_dir, overrides)
-        first = next(iter(study.run_stages(study_dir)))
-        frozen.check_overrides(study, first, overrides)
-        frozen.frozen_own_code(study_dir, [r.config(overrides, data).model for r in first])
-        groups = len(dict.fromkeys(r.chain for r in first))
-        if shard is not None and shard[1] > groups:  # more shards than the first stage's work: a typo
-            raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
-                            f"runs, so at most {groups} shards can share it; use N <= {groups}")
-        if not (study_dir / "study.json").is_file():
-            study_dir.mkdir(parents=True, exist_ok=True)
-            write_json(study_dir / "study.json", study.describe() | {"overrides": overrides, "runs": []})
-
-
-@contextlib.contextmanager
-def start_lock(study_dir: Path, wait_s: float = 120.0):
-    """The lock under which a start decides what a study directory holds (shards of one study wait for each other)."""
-    lock = DirectoryLock(Path(study_dir).resolve().parent / f".{Path(study_dir).name}.start.lock",
-                         f"the start of study directory {study_dir}")
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            lock.__enter__()
-            break
-        except LockHeld:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-    try:
-        yield
-    finally:
-        lock.__exit__(None, None, None)
 
 
 WAIT_POLL_S = 20.0  # how often a process that has done all it can of a stage looks again
@@ -262,7 +220,7 @@ def _data_meta(data_dir: Path) -> dict:
     return {k: meta.get(k) for k in ("source", "tokenizer", "source_hash", "splits")}
 
 
-def _steps_to_train(run_dir: Path, config: RunConfig) -> int:
+def steps_to_train(run_dir: Path, config: RunConfig) -> int:
     """Steps a run still has to train: from its own latest checkpoint, or from the checkpoint it branches from."""
     if run_finished(run_dir, config.train.max_steps):
         return 0
@@ -278,7 +236,7 @@ def _run_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, log, 
     diverged_chains = {}  # chain -> the run of it that diverged: the chain's later runs cannot start
     held, elsewhere = {}, set()  # chain -> its lock while this process trains it; chains another process holds
     last = {r.chain: i for i, r in enumerate(runs)}  # a chain's lock is let go after its last run here
-    steps_left = [_steps_to_train(study_dir / "runs" / r.name, c) for r, c in zip(runs, configs)]
+    steps_left = [steps_to_train(study_dir / "runs" / r.name, c) for r, c in zip(runs, configs)]
     try:
         for index, (run, config) in enumerate(zip(runs, configs), start=1):
             run_dir, tag = study_dir / "runs" / run.name, f"[{index}/{len(runs)}] {run.name}"
