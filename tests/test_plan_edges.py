@@ -133,3 +133,55 @@ def test_a_loss_this_machine_cannot_run_is_refused_before_the_directory_is_claim
     with pytest.raises(UserError, match="train.loss_impl=liger is Liger-Kernel's CUDA kernel"):
         run_study(get_study(str(tmp_path / "liger.toml")), tmp_path / "s", data_dir=str(byte_data), log=quiet)
     assert not (tmp_path / "s").exists()
+
+
+def test_collect_never_writes_into_a_run_another_study_or_the_study_itself(byte_data, tmp_path, monkeypatch, capsys):
+    from helpers import one_line_error
+
+    fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0})
+    run_study(get_study(str(plan_text(tmp_path))), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    run = next((tmp_path / "s" / "runs").iterdir())
+    before = sorted(p.name for p in run.iterdir())
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "study.json").write_text(json.dumps({"name": "cpu"}))
+    for target, needle in ((run, "is a run directory"), (tmp_path / "other", "holds study 'cpu', not 'example'"),
+                           (tmp_path / "s", "is the study directory itself")):
+        one_line_error(capsys, ["report", tmp_path / "s", "--collect", target], needle)
+    assert sorted(p.name for p in run.iterdir()) == before and not (tmp_path / "other" / "runs").exists()
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (lambda s: s.update(full_val_loss=None), "1 of 2 pre-registered pairs have finished"),
+    (lambda s: s.update(full_val_loss=float("inf")), "1 of 2 pre-registered pairs have finished"),
+    (lambda s: s.pop("full_val_loss"), "1 of 2 pre-registered pairs have finished"),
+])
+def test_a_report_of_damaged_summaries_counts_them_as_not_ended(byte_data, tmp_path, monkeypatch, damage, needle):
+    from nlq.studies.registry import build_report
+
+    fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0,
+                                                        "non_embedding_parameters": 1, "tokens": 2})
+    run_study(get_study(str(plan_text(tmp_path))), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    path = next(p for p in (tmp_path / "s" / "runs").glob("*tpp2*-s2/summary.json"))
+    summary = json.loads(path.read_text())
+    damage(summary)
+    path.write_text(json.dumps(summary))
+    (path.parent / "metrics.jsonl").write_bytes(b"\x00\xff\xfe garbage \x89PNG\n{\"step\": 1}\n[1, 2]\n")
+    assert needle in build_report(tmp_path / "s")
+
+
+def test_a_report_whose_design_names_an_arm_it_does_not_have_is_refused(byte_data, tmp_path, monkeypatch):
+    from nlq.studies.registry import build_report
+
+    fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0})
+    run_study(get_study(str(plan_text(tmp_path))), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    described = json.loads((tmp_path / "s" / "study.json").read_text())
+    described["settings"]["primary"] = ["linear", "ghost"]
+    (tmp_path / "s" / "study.json").write_text(json.dumps(described))
+    with pytest.raises(UserError, match="names arm 'ghost', which is none of its arms"):
+        build_report(tmp_path / "s")
+
+
+def test_budgets_that_end_at_the_same_step_are_one_line(tmp_path):
+    plan = plan_text(tmp_path, budgets_tpp=[1, 1.0001], primary_tpp=1)
+    with pytest.raises(UserError, match="each budget must end at a later step than the one before"):
+        next(get_study(str(plan)).run_stages(tmp_path / "s"))

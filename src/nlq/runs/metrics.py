@@ -10,16 +10,19 @@ from nlq.fileio import atomic_write
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl ([] if there is none); a line cut short by a killed process is skipped."""
+    """The records of a metrics.jsonl ([] if there is none); a line cut short by a killed process, or one that is no
+    JSON object (a damaged file), is skipped."""
     path = Path(path)
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:  # a line cut short by a killed process
             continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 

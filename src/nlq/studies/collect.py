@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+from nlq.errors import UserError
 from nlq.fileio import read_json
 
 
@@ -42,8 +43,24 @@ def branch_sources(study_dir: Path) -> set[str]:
     return {r["name"] for r in runs if r.get("stage") == "stable" and chain(r) in open_chains}
 
 
+def check_target(study_dir: Path, out: Path) -> None:
+    """OUT must be new, empty, or a copy of this same study: never the study itself, a run, or another study."""
+    if out.resolve() == study_dir.resolve():
+        raise UserError(f"--collect {out} is the study directory itself; give the copy another directory, e.g. "
+                        f"results/NAME")
+    if (out / "config.json").is_file() or (out / "checkpoints").is_dir():
+        raise UserError(f"--collect {out} is a run directory; give the study's copy a directory of its own")
+    theirs = out / "study.json"
+    if theirs.is_file():
+        name = read_json(theirs, "the study's description").get("name")
+        ours = read_json(study_dir / "study.json", "the study's description").get("name")
+        if name != ours:
+            raise UserError(f"--collect {out} holds study {name!r}, not {ours!r}; give the copy a directory of its own")
+
+
 def collect(study_dir: Path, out: Path, every: int = 100) -> int:
     """Copy the study's small files and its finished runs into out; return how many runs were copied."""
+    check_target(study_dir, out)
     out.mkdir(parents=True, exist_ok=True)
     for path in study_dir.iterdir():
         if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith("."):

@@ -120,7 +120,8 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
         elif (run_dir / "summary.json").is_file():
             summary = read_json(run_dir / "summary.json", "a run summary")
             check_commit(summary, r)
-            out[(r["variant"], r["lr"], r["seed"])] = summary.get(s["endpoint"])
+            if s["endpoint"] in summary:  # a summary without it has not ended as a plan's run ends
+                out[(r["variant"], r["lr"], r["seed"])] = summary[s["endpoint"]]
     return out
 
 

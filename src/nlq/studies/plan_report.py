@@ -30,6 +30,12 @@ def build_plan_report(study_dir: Path, study: dict) -> str:
     """report.md, results.csv, verdict.json and the plots of a plan's study, from what is on disk; the design is
     read from study.json (as registered), so the report tests what was registered even if the plan file changes."""
     check_settings(study.get("settings"), f"{study_dir / 'study.json'} settings")
+    variants = {v.get("name") for v in study.get("variants", []) if isinstance(v, dict)}
+    named = study["settings"]["primary"] + (study["settings"].get("secondary") or [])
+    if variants and not set(named) <= variants:
+        missing = sorted(set(named) - variants)
+        raise UserError(f"{study_dir / 'study.json'}: its design names arm {missing[0]!r}, which is none of its arms "
+                        f"({', '.join(sorted(variants))}); run the study again from its plan to rewrite it")
     return grid_report(study_dir, study) if has_grid(study["settings"]) else one_lr_report(study_dir, study)
 
 
@@ -107,9 +113,14 @@ def write_outcome(study_dir: Path, lines: list[str], outcome: dict) -> str:
 
 
 def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
-    """(seed, baseline's endpoint, variant's endpoint) for the seeds where both finished."""
-    return [(seed, loss[(baseline, seed, tpp)][endpoint], loss[(variant, seed, tpp)][endpoint]) for seed in seeds
-            if (baseline, seed, tpp) in loss and (variant, seed, tpp) in loss]
+    """(seed, baseline's endpoint, variant's endpoint) for the seeds where both finished with a finite endpoint (a
+    summary without one, or with null or inf, counts as not ended)."""
+    def value(arm: str, seed: int):
+        v = loss.get((arm, seed, tpp), {}).get(endpoint)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+    return [(seed, value(baseline, seed), value(variant, seed)) for seed in seeds
+            if value(baseline, seed) is not None and value(variant, seed) is not None]
 
 
 def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str) -> dict:

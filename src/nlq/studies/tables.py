@@ -68,9 +68,9 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
             continue
         curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
         results.append(RunResult(run["name"], run["variant"], run["seed"], run["lr"],
-                                 summary["non_embedding_parameters"],
-                                 summary["val_loss"], summary.get("val_bpb") or math.nan, summary["tokens_per_s"],
-                                 curve, summary.get("val_acc")))
+                                 summary.get("non_embedding_parameters") or 0,  # a damaged summary: shown as n/a
+                                 summary["val_loss"], summary.get("val_bpb") or math.nan,
+                                 summary.get("tokens_per_s") or math.nan, curve, summary.get("val_acc")))
     if not results:
         raise UserError(f"{study_dir} has no finished runs yet; run nlq study first")
     return study, results

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from nlq.config import RunConfig, update
+from nlq.errors import UserError
 from nlq.model import Transformer
 from nlq.studies.study import Run, Study, Variant
 from nlq.training.schedule import cooldown_start
@@ -63,7 +64,8 @@ def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, wid
     the runs' names carry the lr (for studies with chains of one variant and seed at several lrs)."""
     steps = [budget_steps(study.base, shape, tpp) for tpp in budgets_tpp]
     if sorted(set(steps)) != steps:  # each level continues the stable run where the one before stopped
-        raise ValueError(f"budgets_tpp {budgets_tpp} must give increasing step counts, got {steps}")
+        raise UserError(f"design.budgets_tpp {budgets_tpp} give the step counts {steps} at this batch; each budget "
+                        f"must end at a later step than the one before: set the budgets further apart")
     longest = max(steps)
     named_lr = lr if lr_in_name else None
     stable = Run(study, variant, seed, named_lr, tag=width, suffix="-stable")  # for its name
