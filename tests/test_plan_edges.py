@@ -185,3 +185,11 @@ def test_budgets_that_end_at_the_same_step_are_one_line(tmp_path):
     plan = plan_text(tmp_path, budgets_tpp=[1, 1.0001], primary_tpp=1)
     with pytest.raises(UserError, match="each budget must end at a later step than the one before"):
         next(get_study(str(plan)).run_stages(tmp_path / "s"))
+
+
+@pytest.mark.parametrize("flag,value", [("--num-samples", "10000000000"), ("--max-new-tokens", "1000000000000")])
+def test_a_sampling_request_too_large_for_memory_is_refused_with_an_estimate(run_dir, capsys, flag, value):
+    """It used to end in an allocator traceback (or the kernel's OOM killer)."""
+    from helpers import one_line_error
+
+    one_line_error(capsys, ["sample", run_dir, "--prompt", "a", flag, value], "lower --num-samples or --max-new-tokens")

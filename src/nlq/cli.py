@@ -121,7 +121,7 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
     import torch
 
     from nlq.data.tokenizers import encode_text
-    from nlq.generate import generate
+    from nlq.generate import check_sampling_memory, generate
     from nlq.runs.rundir import load_model, run_tokenizer
 
     if overrides:
@@ -139,6 +139,7 @@ def cmd_sample(args: argparse.Namespace, overrides: list[str]) -> None:
     tokenizer = run_tokenizer(payload["path"])
     ids = encode_text(tokenizer, args.prompt, "the prompt")
     generator = torch.Generator().manual_seed(args.seed)
+    check_sampling_memory(model, args.num_samples, len(ids), args.max_new_tokens)
     prompts = torch.as_tensor(ids)[None].expand(args.num_samples, -1)
     out = generate(model, prompts, args.max_new_tokens, args.temperature, args.top_k, generator,
                    vocab_limit=tokenizer.vocab_size)  # a padded model vocabulary has ids no tokenizer can print

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from nlq.errors import UserError
 from nlq.model import KVCache, Transformer
+
+
+def check_sampling_memory(model: Transformer, rows: int, prompt: int, new: int) -> None:
+    """Refuse, before allocating, a sampling request that cannot fit in this machine's memory: the weights, every
+    layer's keys and values and the logits of a full window for each of `rows` samples, and the tokens themselves.
+    A rough upper estimate, like training's (training/hardware.py)."""
+    cfg = model.cfg
+    window = min(cfg.block_size, prompt + new)
+    per_row = window * (2 * cfg.n_layer * cfg.kv_heads * cfg.head_size + cfg.vocab_size + 16 * cfg.n_embd) * 4
+    need = 4.0 * sum(p.numel() for p in model.parameters()) + rows * (per_row + 8.0 * (prompt + new))
+    have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if need > have:
+        raise UserError(f"{rows} samples of {prompt} + {new:,} tokens need about {need / 2**30:,.1f} GiB and this "
+                        f"machine has {have / 2**30:,.1f} GiB; lower --num-samples or --max-new-tokens")
 
 
 @torch.no_grad()
