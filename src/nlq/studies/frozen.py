@@ -18,6 +18,7 @@ from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides, parse_overrides
 from nlq.projections import own_sources
 from nlq.training.distributed import resolve_device
+from nlq.training.hardware import check_memory
 from nlq.training.trainer import loss_impl
 
 
@@ -195,8 +196,8 @@ def _at(tree: dict, dotted: str):
 def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, shard: tuple[int, int] | None) -> None:
     """Decide, one start at a time, that study_dir holds this study: refuse another study, plan or overrides, and
     whatever its first stage would refuse (a designed field overridden, changed code of one's own, more shards than
-    chains, a loss this machine cannot run), before anything is written; then write its study.json if there is
-    none, so that a second start of another design is refused."""
+    chains, a loss or a model size this machine cannot run), before anything is written; then write its study.json
+    if there is none, so that a second start of another design is refused."""
     data = Path(data_dir) if data_dir else None if study.data.source == "task" else study_dir / "data"
     with start_lock(study_dir):
         check_study_dir(study, study_dir, overrides)
@@ -204,8 +205,10 @@ def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, sh
         check_overrides(study, first, overrides)
         configs = [r.config(overrides, data) for r in first]
         frozen_own_code(study_dir, [c.model for c in configs])
-        for config in configs[:1] + configs[-1:]:  # a loss this machine cannot run (the arms share their recipe)
-            loss_impl(config, bool(config.data.task), resolve_device(config.train.device))
+        for config in configs[:1] + configs[-1:]:  # a loss, or a size, this machine cannot run (arms share a recipe)
+            device = resolve_device(config.train.device)
+            loss_impl(config, bool(config.data.task), device)
+            check_memory(config, config.train.batch_size, device)
         groups = len(dict.fromkeys(r.chain for r in first))
         if shard is not None and shard[1] > groups:  # more shards than the first stage's work: a typo
             raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
