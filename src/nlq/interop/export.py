@@ -145,7 +145,10 @@ def _write_custom(model, cfg, out: Path, plugin: dict | None = None) -> str:
     from safetensors.torch import save_file
 
     remote = resources.files("nlq.interop") / "remote"
-    (out / "configuration_nlq.py").write_text((remote / "configuration_nlq.py").read_text())
+    configuration = (remote / "configuration_nlq.py").read_text()
+    if plugin:  # transformers maps one config class to one model class per process: theirs must differ from nlq's own
+        configuration += f"\n# this export ships a projection of its own: nlq_plugin.py, sha256 {plugin['sha256']}\n"
+    (out / "configuration_nlq.py").write_text(configuration)
     modeling = (remote / "modeling_nlq.py").read_text()
     if plugin:  # imported by modeling_nlq itself, so that transformers copies it and it registers its projections
         modeling = modeling.replace("from .nlq_projections import build_projection  # noqa: F401\n",

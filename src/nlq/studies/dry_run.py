@@ -47,5 +47,7 @@ def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None =
             total_runs, total_tokens = total_runs + 1, total_tokens + tokens
             lines.append(f"  {stage[i].name}: device {config.train.device}, {config.train.max_steps:,} steps at lr "
                          f"{config.train.lr:g}, {tokens:,} tokens to train")
-    lines.append(f"in all: {total_runs} runs, {total_tokens:,} tokens to train")
+    pending = lines[-1].endswith("which are not there yet")
+    lines.append(f"in all: {total_runs} runs, {total_tokens:,} tokens to train"
+                 + (" in the stages listed (a plan's dry run bounds the whole plan below)" if pending else ""))
     return "\n".join(lines)
