@@ -230,16 +230,21 @@ register_projection("too-wide", TooWide)
 '''
 
 
-@pytest.fixture
-def own_init(tmp_path):
-    path = tmp_path / "own_init.py"
-    path.write_text(OWN_INIT)
+def imported(tmp_path, name: str, source: str):
+    """A plugin module written and imported for one test; the registry and sys.modules put back after it."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
     saved = dict(PROJECTIONS)
     plugins.import_modules([str(path)])
     yield path
     PROJECTIONS.clear()
     PROJECTIONS.update(saved)
-    sys.modules.pop("own_init", None)
+    sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def own_init(tmp_path):
+    yield from imported(tmp_path, "own_init", OWN_INIT)
 
 
 def test_a_projections_own_initialisation_is_kept_reproducible_and_every_other_weight_is_nlqs(own_init):
@@ -338,14 +343,7 @@ register_projection("bottleneck-tanh", BottleneckTanh)
 
 @pytest.fixture
 def optioned(tmp_path):
-    path = tmp_path / "optioned.py"
-    path.write_text(OPTIONED)
-    saved = dict(PROJECTIONS)
-    plugins.import_modules([str(path)])
-    yield path
-    PROJECTIONS.clear()
-    PROJECTIONS.update(saved)
-    sys.modules.pop("optioned", None)
+    yield from imported(tmp_path, "optioned", OPTIONED)
 
 
 def test_a_plugin_takes_its_options_from_the_command_line_checked_and_recorded(optioned, byte_data, tmp_path, capsys,
