@@ -1,7 +1,8 @@
 """What keeps a study's design its own: a plan is frozen by its hash once it has run in a study directory, a
 command-line override may not overrule a field the study sets per arm or per run, the overrides a study ran with are
-part of it (only those that cannot change what a run computes may differ later), and a run directory whose recorded
-config is not the one the study would give it is never trained into."""
+part of it (only those that cannot change what a run computes may differ later), a run directory whose recorded
+config is not the one the study would give it is never trained into, and a start claims its directory (claim) only
+after every check has passed, one start at a time."""
 
 from __future__ import annotations
 
