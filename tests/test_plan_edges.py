@@ -193,3 +193,15 @@ def test_a_sampling_request_too_large_for_memory_is_refused_with_an_estimate(run
     from helpers import one_line_error
 
     one_line_error(capsys, ["sample", run_dir, "--prompt", "a", flag, value], "lower --num-samples or --max-new-tokens")
+
+
+def test_shard_auto_with_more_array_tasks_than_chains_leaves_nothing_behind(byte_data, tmp_path, monkeypatch, capsys):
+    from helpers import one_line_error
+
+    fake_training(monkeypatch)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "99")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")
+    one_line_error(capsys, ["study", plan_text(tmp_path), "--out", tmp_path / "s", "--data", byte_data, "--shard",
+                            "auto"], "--shard 1/99: the first stage of example has 4 groups of runs")
+    assert not (tmp_path / "s").exists()
