@@ -192,7 +192,7 @@ def test_a_sampling_request_too_large_for_memory_is_refused_with_an_estimate(run
     """It used to end in an allocator traceback (or the kernel's OOM killer)."""
     from helpers import one_line_error
 
-    one_line_error(capsys, ["sample", run_dir, "--prompt", "a", flag, value], "lower --num-samples or --max-new-tokens")
+    one_line_error(capsys, ["sample", run_dir, "--prompt", "a", flag, value], "such samples fit: lower --num-samples")
 
 
 def test_shard_auto_with_more_array_tasks_than_chains_leaves_nothing_behind(byte_data, tmp_path, monkeypatch, capsys):
@@ -205,3 +205,27 @@ def test_shard_auto_with_more_array_tasks_than_chains_leaves_nothing_behind(byte
     one_line_error(capsys, ["study", plan_text(tmp_path), "--out", tmp_path / "s", "--data", byte_data, "--shard",
                             "auto"], "--shard 1/99: the first stage of example has 4 groups of runs")
     assert not (tmp_path / "s").exists()
+
+
+def test_a_run_directory_is_not_a_study_directory(run_dir, byte_data, tmp_path, monkeypatch):
+    import shutil
+
+    fake_training(monkeypatch)
+    target = tmp_path / "run"
+    shutil.copytree(run_dir, target)
+    before = sorted(p.name for p in target.iterdir())
+    with pytest.raises(UserError, match="is a run directory"):
+        run_study(get_study(str(plan_text(tmp_path))), target, data_dir=str(byte_data), log=quiet)
+    assert sorted(p.name for p in target.iterdir()) == before
+
+
+def test_a_summary_that_is_no_json_is_one_line_naming_the_run(byte_data, tmp_path, monkeypatch):
+    from nlq.studies.registry import build_report
+
+    fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0})
+    run_study(get_study(str(plan_text(tmp_path))), tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    path = next((tmp_path / "s" / "runs").glob("*tpp2*-s2/summary.json"))
+    path.write_bytes(b"\x00\x01 not json")
+    with pytest.raises(UserError) as error:
+        build_report(tmp_path / "s")
+    assert path.parent.name in str(error.value) and "\n" not in str(error.value), str(error.value)

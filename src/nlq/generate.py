@@ -16,12 +16,15 @@ def check_sampling_memory(model: Transformer, rows: int, prompt: int, new: int) 
     A rough upper estimate, like training's (training/hardware.py)."""
     cfg = model.cfg
     window = min(cfg.block_size, prompt + new)
-    per_row = window * (2 * cfg.n_layer * cfg.kv_heads * cfg.head_size + cfg.vocab_size + 16 * cfg.n_embd) * 4
-    need = 4.0 * sum(p.numel() for p in model.parameters()) + rows * (per_row + 8.0 * (prompt + new))
+    per_row = window * (2 * cfg.n_layer * cfg.kv_heads * cfg.head_size + cfg.vocab_size + 16 * cfg.n_embd) * 4.0
+    per_row += 8.0 * (prompt + new)  # the tokens
+    weights = 4.0 * sum(p.numel() for p in model.parameters())
     have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    if need > have:
-        raise UserError(f"{rows} samples of {prompt} + {new:,} tokens need about {need / 2**30:,.1f} GiB and this "
-                        f"machine has {have / 2**30:,.1f} GiB; lower --num-samples or --max-new-tokens")
+    if weights + rows * per_row > have:
+        fits = max(0, int((have - weights) // per_row))
+        raise UserError(f"{rows:,} samples of {prompt} + {new:,} tokens need about "
+                        f"{(weights + rows * per_row) / 2**30:,.1f} GiB and this machine has {have / 2**30:,.1f} GiB; "
+                        f"at most {fits:,} such samples fit: lower --num-samples or --max-new-tokens")
 
 
 @torch.no_grad()

@@ -46,6 +46,9 @@ def check_frozen(name: str, plan: dict | None, study_dir: Path) -> None:
     that holds runs without the study.json that says what they are is refused too."""
     path = Path(study_dir) / "study.json"
     runs = Path(study_dir) / "runs"
+    if (Path(study_dir) / "config.json").is_file() or (Path(study_dir) / "checkpoints").is_dir():
+        raise UserError(f"{study_dir} is a run directory (config.json, checkpoints); give the study a directory of its "
+                        f"own")
     if not path.is_file():
         if runs.is_dir() and any(p.is_dir() for p in runs.iterdir()):
             raise UserError(f"{study_dir} holds runs but no study.json, which says what study they belong to; restore "
