@@ -284,6 +284,7 @@ def test_the_dry_run_bounds_every_stage_and_lists_the_weights_each_arm_shares_wi
     bounds = bounds_text(study)
     assert bounds.startswith("whole plan, every stage: selection 45 chains (1.33G tokens); edge extensions at most "
                              "54 chains (1.60G tokens); test 48 chains (1.42G tokens); at most 147 chains")
+    assert bounds.endswith("hours: estimated once a run of it has finished here (its tokens/s)")
     shared = shared_start_text(study).splitlines()
     assert "arm gate-qknorm: 22 of 24 parameter tensors start equal to linear-qknorm's; the others: " \
            "attn.gate_proj.weight" in shared

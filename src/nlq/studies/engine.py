@@ -177,10 +177,11 @@ def arms_text(study: Study) -> str:
     return "\n".join(lines)
 
 
-def bounds_text(study: Study) -> str:
+def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) -> str:
     """What the whole plan can cost, every stage included (--dry-run, before anything runs): the chains (a stable run
     and its branches) and training tokens of the selection, of the worst case of the edge rule (every trained arm
-    extended max_extensions times each way) and of the test; borrowed arms cost nothing here."""
+    extended max_extensions times each way) and of the test; borrowed arms cost nothing here. Hours only at a pace
+    measured here: the median tokens/s of the study's own finished runs, once there are some."""
     s = study.settings
     arms = [v for v in study.variants if v.name not in borrowed_arms(s)]
     per_chain = chain_tokens(update(study.base, {"model": s["shape"]}), s["shape"], s["budgets_tpp"])
@@ -191,8 +192,22 @@ def bounds_text(study: Study) -> str:
                   ("edge extensions at most", len(arms) * 2 * s["max_extensions"] * selection)] + stages
     chains = sum(n for _, n in stages)
     parts = "; ".join(f"{name} {n} chains ({n * per_chain / 1e9:.2f}G tokens)" for name, n in stages)
-    return (f"whole plan, every stage: {parts}; at most {chains} chains, {chains * per_chain / 1e9:.2f}G tokens "
+    text = (f"whole plan, every stage: {parts}; at most {chains} chains, {chains * per_chain / 1e9:.2f}G tokens "
             f"({per_chain:,} per chain)")
+    rates = sorted(r for r in _finished_rates(study_dir) if r > 0)
+    if not rates:
+        return text + "; hours: estimated once a run of it has finished here (its tokens/s)"
+    pace = rates[len(rates) // 2]
+    hours = chains * per_chain / pace / shards / 3600
+    return text + (f"; at the median {pace:,.0f} tokens/s of its {len(rates)} finished runs, at most {hours:.1f} h as "
+                   f"{shards} shard{'s' if shards > 1 else ''}")
+
+
+def _finished_rates(study_dir: Path | None) -> list[float]:
+    if study_dir is None or not (Path(study_dir) / "runs").is_dir():
+        return []
+    summaries = (read_json(p, "a run summary") for p in (Path(study_dir) / "runs").glob("*/summary.json"))
+    return [s["tokens_per_s"] for s in summaries if isinstance(s.get("tokens_per_s"), (int, float))]
 
 
 def shared_start_text(study: Study, limit: int = 20_000_000) -> str:

@@ -40,7 +40,7 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
             if study.plan is not None:
                 print(arms_text(study))
                 print(shared_start_text(study))
-                print(bounds_text(study))
+                print(bounds_text(study, Path(out), shards or 1))
                 print(power_text(study.settings))
             return
         run_study(study, out, overrides, data_dir=data, shard=chosen[0])
