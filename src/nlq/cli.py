@@ -53,10 +53,19 @@ def cmd_info(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nlq.data.labelled import is_labelled, prepare_labelled
     from nlq.data.shards import prepare
 
     if overrides:
         raise UserError(f"nlq prepare takes no config overrides (got {' '.join(overrides)})")
+    if is_labelled(args.source):  # examples with labels (a classifier's), generated offline: no tokenizer
+        if args.tokenizer:
+            raise UserError(f"--source {args.source} holds labelled signals or images, not text: leave out --tokenizer")
+        prepare_labelled(args.source, args.out, overwrite=args.overwrite)
+        return
+    if not args.tokenizer:
+        raise UserError("nlq prepare needs --tokenizer for a text source: byte, bpe:N (e.g. bpe:8192), gpt2 or "
+                        "gpt2:DIR")
     prepare(args.source, args.tokenizer, args.out, overwrite=args.overwrite, val_fraction=args.val_fraction,
             seed=args.seed, text_field=args.text_field, doc_separator=args.doc_separator)
 
@@ -261,8 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="tokenise a text source into train.bin / val.bin + meta.json")
     p.add_argument("--source", required=True, help="shakespeare, python-stdlib, PATH|DIR|GLOB of .txt/.md/.jsonl, "
-                                                   "or hf:NAME[:CONFIG]")
-    p.add_argument("--tokenizer", required=True, help="byte, bpe:N (e.g. bpe:8192), gpt2 or gpt2:DIR")
+                                                   "hf:NAME[:CONFIG]; or labelled examples: mnist1d[:N][:shuffled], "
+                                                   "digits")
+    p.add_argument("--tokenizer", help="for text: byte, bpe:N (e.g. bpe:8192), gpt2 or gpt2:DIR")
     p.add_argument("--out", required=True, help="output data directory")
     p.add_argument("--overwrite", action="store_true", help="replace a directory that holds another dataset")
     p.add_argument("--val-fraction", type=float, default=0.05, help="share of documents for val (default 0.05; "

@@ -1,0 +1,136 @@
+"""Labelled examples for encoder classifiers, prepared offline (`nlq prepare --source mnist1d --out DIR`):
+
+- mnist1d[:N][:shuffled]  Greydanus's MNIST-1D, generated (never downloaded) by the `mnist1d` package from its
+                          templates with its published arguments (seed 42): 4,000 train / 1,000 test signals of
+                          length 40, 10 classes. `mnist1d:N` generates N examples with the same transformations
+                          (the same 80/20 split); `shuffled` is the package's variant with each sequence's order
+                          permuted (`shuffle_seq`).
+- digits                  scikit-learn's 8 x 8 handwritten digits (1,797 images, shipped with scikit-learn), split
+                          1,437 / 360 by a permutation seeded 2357, recorded.
+
+A prepared directory holds train_x.npy (N, length, channels) or (N, channels, height, width) float32, train_y.npy
+int64, the same for test, and meta.json: the source, the generator's arguments, the split, the shapes, the classes
+and a content hash of the arrays, so a result names exactly what it was trained and scored on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from pathlib import Path
+
+import numpy as np
+
+from nlq.errors import UserError
+from nlq.fileio import atomic_directory, is_empty_dir, read_json, write_json
+
+KIND = "labelled"
+SOURCES = "mnist1d[:N][:shuffled] or digits"
+SPLIT_SEED = 2357
+MNIST1D_PUBLISHED = 5000  # the package's num_samples: 4,000 train + 1,000 test
+
+
+def is_labelled(spec: str) -> bool:
+    return spec.split(":")[0] in ("mnist1d", "digits")
+
+
+def generate(spec: str) -> tuple[dict[str, np.ndarray], dict]:
+    """(arrays {train_x, train_y, test_x, test_y}, what made them) for a source spec; one-line errors."""
+    name, *options = spec.split(":")
+    if name == "digits":
+        if options:
+            raise UserError(f"--source {spec}: digits takes no options (the 1,797 images scikit-learn ships)")
+        return _digits()
+    total, shuffled = MNIST1D_PUBLISHED, False
+    for option in options:
+        if option == "shuffled":
+            shuffled = True
+        elif option.isdigit() and int(option) >= 10:
+            total = int(option)
+        else:
+            raise UserError(f"--source {spec}: {option!r} is not an option of mnist1d; give mnist1d, mnist1d:N (N >= "
+                            f"10 examples) or mnist1d[:N]:shuffled")
+    return _mnist1d(total, shuffled)
+
+
+def _mnist1d(total: int, shuffled: bool) -> tuple[dict[str, np.ndarray], dict]:
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError:
+        raise UserError("--source mnist1d needs the mnist1d package: pip install mnist1d (it generates the data "
+                        "offline)") from None
+    args = get_dataset_args()
+    args.num_samples, args.shuffle_seq = total, shuffled
+    data = make_dataset(args)  # a seeded generator (args.seed = 42): the same arrays every time
+    arrays = {"train_x": data["x"][:, :, None], "train_y": data["y"], "test_x": data["x_test"][:, :, None],
+              "test_y": data["y_test"]}
+    arguments = {k: v for k, v in vars(args).items() if k != "url"}
+    return arrays, {"generator": f"mnist1d=={importlib.metadata.version('mnist1d')} make_dataset",
+                    "arguments": arguments}
+
+
+def _digits() -> tuple[dict[str, np.ndarray], dict]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise UserError("--source digits needs scikit-learn, which ships the images: pip install scikit-learn") \
+            from None
+    digits = load_digits()
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(digits.target))
+    test, train = order[:360], order[360:]
+    images = (digits.images / 16.0)[:, None]  # (N, 1, 8, 8), pixel values 0..16 scaled to 0..1
+    arrays = {"train_x": images[train], "train_y": digits.target[train], "test_x": images[test],
+              "test_y": digits.target[test]}
+    return arrays, {"generator": f"scikit-learn=={importlib.metadata.version('scikit-learn')} load_digits",
+                    "arguments": {"split_seed": SPLIT_SEED, "test_examples": 360, "scale": "pixels / 16"}}
+
+
+def content_hash(arrays: dict[str, np.ndarray]) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for key in sorted(arrays):
+        digest.update(f"{key}{arrays[key].dtype}{arrays[key].shape}".encode())
+        digest.update(np.ascontiguousarray(arrays[key]).tobytes())
+    return digest.hexdigest()
+
+
+def prepare_labelled(spec: str, out: str | Path, overwrite: bool = False, log=print) -> dict:
+    """Generate the examples of `spec` into `out` (written whole or not at all); a directory already holding them
+    is reused, one holding anything else is refused unless overwrite. Returns meta.json's content."""
+    out = Path(out)
+    arrays, made = generate(spec)
+    arrays = {k: v.astype(np.float32) if k.endswith("_x") else v.astype(np.int64) for k, v in arrays.items()}
+    meta = {"kind": KIND, "source": spec, **made, "content_hash": content_hash(arrays),
+            "splits": {split: {"examples": int(len(arrays[f"{split}_y"])),
+                               "shape": list(arrays[f"{split}_x"].shape[1:])} for split in ("train", "test")},
+            "classes": int(max(arrays["train_y"].max(), arrays["test_y"].max()) + 1)}
+    existing = out / "meta.json"
+    if out.exists() and not is_empty_dir(out):
+        earlier = read_json(existing, "the meta of a prepared dataset") if existing.is_file() else None
+        if earlier is not None and earlier.get("content_hash") == meta["content_hash"]:
+            log(f"{out} already holds {spec} (content hash {meta['content_hash'][:16]}); reusing it")
+            return earlier
+        if not overwrite or earlier is None:
+            raise UserError(f"{out} holds {'other data' if earlier else 'files that are not an nlq dataset'}; choose "
+                            f"another --out" + (" or pass --overwrite" if earlier else ""))
+    with atomic_directory(out) as tmp:
+        for key, value in arrays.items():
+            np.save(tmp / f"{key}.npy", value)
+        write_json(tmp / "meta.json", meta)
+    log(f"prepared {out}: {spec}, {meta['splits']['train']['examples']:,} train / "
+        f"{meta['splits']['test']['examples']:,} test examples of shape {meta['splits']['train']['shape']}, "
+        f"{meta['classes']} classes")
+    return meta
+
+
+def load_labelled(directory: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays and meta of a prepared directory of labelled examples."""
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    meta = read_json(meta_path, "the meta of a prepared dataset") if meta_path.is_file() else {}
+    if meta.get("kind") != KIND:
+        raise UserError(f"{directory} holds no labelled examples (meta.json kind {meta.get('kind')!r}); prepare them "
+                        f"with nlq prepare --source {SOURCES.split(' or ')[0]} --out DIR")
+    arrays = {k: np.load(directory / f"{k}.npy") for k in ("train_x", "train_y", "test_x", "test_y")}
+    if content_hash(arrays) != meta.get("content_hash"):
+        raise UserError(f"{directory}: the arrays do not match the content hash meta.json records; prepare it again")
+    return arrays, meta
