@@ -98,7 +98,8 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
     from nlq.data.shards import load_data
     from nlq.overrides import parse_overrides
     from nlq.runs.rundir import load_model, run_tokenizer
-    from nlq.training.evaluate import evaluate_on_data, evaluate_text_file
+    from nlq.training.distributed import DistEnv
+    from nlq.training.evaluate import evaluate, evaluate_on_data, evaluate_text_file
 
     raw = parse_overrides(overrides)
     if set(raw) - {"data"}:
@@ -113,6 +114,14 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
             what = f"a synthetic task ({config.data.task})" if config.data.task else "no data directory"
             raise UserError(f"this run trained on {what}, so there is no val split to evaluate on; pass --data "
                             f"DATA_DIR (made by nlq prepare) or --text FILE")
+        if config.model.classes:  # a classifier: its whole test split
+            from nlq.training.inputs import LabelledInputs
+
+            inputs = LabelledInputs(update(config, {"data": {"dir": args.data or config.data.dir}}))
+            result = evaluate(model, inputs.eval_set(), config.train.batch_size, DistEnv(), None)
+            print(f"step {payload['step']} on {inputs.config.data.dir} test ({len(inputs.eval_set().starts)} examples):"
+                  f" loss {result['loss']:.4f}  accuracy {result['accuracy']:.4f}")
+            return
         data = load_data(args.data or config.data.dir)
         full = config.data.final_eval == "full"  # --data.final_eval=full: the whole val split
         result = evaluate_on_data(model, config, data, full=full)

@@ -113,6 +113,14 @@ class ModelConfig:
     position: Literal["learned", "rope"] = setting("learned", "learned absolute positions, or rotary (RoPE)")
     rope_theta: float = setting(10000.0, "RoPE's base wavelength")
     n_kv_head: int | None = setting(None, "grouped-query attention: key/value heads; None: n_head")
+    classes: int = setting(0, "0: a language model (tokens in, next or masked token out); N > 0: an encoder "
+                              "classifier of N classes on signals or images (a patch stem in, a class head out)")
+    input_dims: Literal[1, 2] = setting(1, "classifier input: 1, signals (length, channels); 2, square images "
+                                           "(channels, side, side)")
+    input_size: int = setting(40, "classifier input: the signal length, or the image side")
+    in_channels: int = setting(1, "classifier input: channels per sample or pixel")
+    patch_size: int = setting(4, "classifier stem: samples (or pixels per side) per patch; one token per patch")
+    pool: Literal["cls", "mean"] = setting("cls", "classifier head reads a class token, or the mean of the tokens")
     attn_gate: Literal["none", "elementwise", "headwise"] = setting(
         "none", "output gate (Qiu et al. 2025, Qwen3-Next): the attention output times sigmoid(X W_g) before W_O, X "
                 "the block's normalised input; elementwise: W_g d x d, headwise: d x n_head (one gate per head)")
@@ -135,6 +143,8 @@ class ModelConfig:
                f"use a ratio of at least {1 / self.n_embd:.3g}")
         _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _one_of("model", "query", self.query, tuple(PROJECTIONS), OWN_HINT)
+        if self.classes:
+            self._check_classifier()
         own = sorted(set(self.placements.values()) - BUILT_IN)
         _check(not self.options or own, f"model.options={short_repr(self.options)} sets options of a projection of "
                                         f"your own, and this model uses nlq's own only ({', '.join(BUILT_IN_SORTED)})")
@@ -151,6 +161,24 @@ class ModelConfig:
                f"model.n_kv_head={self.n_kv_head} must divide model.n_head={self.n_head}")
         _check(kv == self.n_head or (self.projections.k == "linear" and self.projections.v == "linear"),
                f"model.n_kv_head={self.n_kv_head} (grouped-query attention) needs linear key and value projections")
+
+    def _check_classifier(self) -> None:
+        _check(self.classes > 1, f"model.classes={self.classes}: a classifier needs at least 2 classes (0: a language "
+                                 f"model)")
+        _check(not self.causal, "model.classes > 0 is an encoder classifier: set --model.causal=false")
+        for name in ("input_size", "in_channels", "patch_size"):
+            _check(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} must be a positive integer")
+        _check(self.input_size % self.patch_size == 0,
+               f"model.input_size={self.input_size} is not a multiple of model.patch_size={self.patch_size}")
+        _check(self.block_size == self.stem_tokens,
+               f"model.block_size={self.block_size}, and the stem makes {self.stem_tokens} tokens "
+               f"({self.input_size // self.patch_size}^{self.input_dims} patches"
+               + (" + a class token" if self.pool == "cls" else "") + f"): set --model.block_size={self.stem_tokens}")
+
+    @property
+    def stem_tokens(self) -> int:
+        """The tokens a classifier's patch stem makes: one per patch, and the class token."""
+        return (self.input_size // self.patch_size) ** self.input_dims + (self.pool == "cls")
 
     @property
     def head_size(self) -> int:
@@ -240,7 +268,8 @@ class TrainConfig:
     peak_tflops: float | None = setting(None, "peak TFLOP/s for the MFU estimate; None: known GPUs only")
     tensorboard: bool = setting(False, "also log to TensorBoard (RUN/tensorboard)")
     wandb: bool = setting(False, "also log to Weights & Biases")
-    objective: Literal["clm", "mlm"] = setting("clm", "next-token prediction (causal), or BERT-style masked LM")
+    objective: Literal["clm", "mlm", "classify"] = setting("clm", "next-token prediction (causal), BERT-style masked "
+                                                                  "LM, or one class per example (model.classes)")
     mask_prob: float = setting(0.15, "mlm: share of positions chosen (80% mask token, 10% random, 10% unchanged)")
     loss_impl: Literal["auto", "plain", "chunked", "liger"] = setting(
         "auto", "the LM head's training loss: plain (builds the logits), chunked (F.linear_cross_entropy), liger "
@@ -295,6 +324,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.train.objective == "mlm" and self.model.causal:
             raise ConfigError("train.objective=mlm needs a bidirectional encoder: set --model.causal=false")
+        if (self.train.objective == "classify") != (self.model.classes > 0):
+            raise ConfigError(f"train.objective={self.train.objective} and model.classes={self.model.classes}: a "
+                              f"classifier is --train.objective=classify with --model.classes=N (N > 1), a language "
+                              f"model neither")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

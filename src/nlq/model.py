@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nlq.components import ClassHead, PatchStem, check_input
 from nlq.config import ModelConfig
 from nlq.errors import UserError
 from nlq.projections import build_projection
@@ -252,19 +253,25 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, seed: int | None = None):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        if cfg.position == "learned":
+        if cfg.classes:  # an encoder classifier: a patch stem in, a class head out (components.py)
+            self.stem = PatchStem(cfg)
+        else:
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        if cfg.position == "learned" and not cfg.classes:
             self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
-        else:  # rotary: positions enter as rotations of q and k, no parameters
+        elif cfg.position == "rope":  # rotary: positions enter as rotations of q and k, no parameters
             cos, sin = rotary_tables(cfg.head_size, cfg.block_size, cfg.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.tok_emb.weight
+        if cfg.classes:
+            self.head = ClassHead(cfg)
+        else:
+            self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+            if cfg.tie_embeddings:
+                self.lm_head.weight = self.tok_emb.weight
         own = [name for name, m in self.named_modules() if name and not getattr(m, "default_init", True)]
         for name, module in self.named_modules():
             if not any(name == o or name.startswith(o + ".") for o in own):  # a projection's own init is its own
@@ -316,6 +323,8 @@ class Transformer(nn.Module):
         cache (a causal model): idx follows the cache.length tokens the cache holds (their keys and values), at
         the positions after them; idx's own are appended (KVCache; generate.py). With a cache, padding_mask
         (B, cache.length + T) covers the cached tokens and idx."""
+        if self.cfg.classes:
+            return self._classify(idx, targets)
         B, T = idx.shape
         past = 0 if cache is None else cache.length
         if past + T > self.cfg.block_size:
@@ -348,6 +357,18 @@ class Transformer(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
                                    ignore_index=ignore_index)
+        return logits, loss
+
+    def _classify(self, x: torch.Tensor, targets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An encoder classifier: x (B, ...) signals or images -> logits (B, classes) and the mean cross-entropy
+        against targets (B,) class ids."""
+        check_input(x, self.cfg)
+        h = self.drop(self.stem(x))  # (B, T, C)
+        rotary = (self.rope_cos, self.rope_sin) if self.cfg.position == "rope" else None
+        for block in self.blocks:
+            h = block(h, None, rotary)  # bidirectional: no mask
+        logits = self.head(self.ln_f(h))  # (B, classes)
+        loss = None if targets is None else F.cross_entropy(logits.float(), targets)
         return logits, loss
 
     def _attention_mask(self, padding_mask: torch.Tensor | None, T: int, past: int = 0) -> torch.Tensor | None:
@@ -386,8 +407,9 @@ class Transformer(nn.Module):
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6 x (matmul weights incl. the lm_head) + 12 L d T for attention scores."""
         cfg = self.cfg
-        matmul_params = sum(p.numel() for n, p in self.named_parameters() if p.dim() == 2 and "emb" not in n)
-        matmul_params += cfg.vocab_size * cfg.n_embd if cfg.tie_embeddings else 0
+        matmul_params = sum(p.numel() for n, p in self.named_parameters()
+                            if p.dim() == 2 and "emb" not in n and not n.startswith(("stem.pos", "stem.cls")))
+        matmul_params += cfg.vocab_size * cfg.n_embd if cfg.tie_embeddings and not cfg.classes else 0
         return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
@@ -397,7 +419,8 @@ def _seed_of(seed: int, name: str) -> int:
 
 
 PARAMETER_KINDS = [
-    ("tok_emb", "token embedding"), ("pos_emb", "position embedding"), ("attn.q_proj", "attention query"),
+    ("tok_emb", "token embedding"), ("pos_emb", "position embedding"), ("stem.pos", "position embedding"),
+    ("stem.", "patch stem"), ("head.", "class head"), ("attn.q_proj", "attention query"),
     ("attn.kv_proj", "attention key/value"), ("attn.k_proj", "attention key/value"),
     ("attn.v_proj", "attention key/value"), ("attn.o_proj", "attention output"), ("attn.gate_proj", "attention gate"),
     ("mlp.", "mlp"),

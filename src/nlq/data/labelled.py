@@ -122,6 +122,11 @@ def prepare_labelled(spec: str, out: str | Path, overwrite: bool = False, log=pr
     return meta
 
 
+def is_labelled_dir(directory: str | Path) -> bool:
+    path = Path(directory) / "meta.json"
+    return path.is_file() and read_json(path, "the meta of a prepared dataset").get("kind") == KIND
+
+
 def load_labelled(directory: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     """The arrays and meta of a prepared directory of labelled examples."""
     directory = Path(directory)

@@ -34,7 +34,7 @@ from nlq.runs.checkpoint import resolve_checkpoint
 from nlq.runs.rundir import load_model, run_dir_of, tokenizer_folder
 
 SHIPPED_SOURCES = {"nlq_errors.py": "errors.py", "nlq_config.py": "config.py", "nlq_projections.py": "projections.py",
-                   "nlq_model.py": "model.py"}
+                   "nlq_components.py": "components.py", "nlq_model.py": "model.py"}
 EXPORT_MARK = "nlq_export.json"  # what makes a directory an nlq export, which --overwrite may replace
 EOT = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -54,6 +54,9 @@ def export_hf(source: str | Path, out_dir: str | Path, overwrite: bool = False) 
     with directory_lock(out, f"export directory {out}"):
         remove_stale(out.parent, stale_siblings(out))  # a killed export's temporary directory
         model, config, payload = load_model(source)  # refuses a plugin file changed since the run
+        if config.model.classes:
+            raise UserError(f"{source} is an encoder classifier (model.classes={config.model.classes}); an export "
+                            f"ships language models (causal or masked) only")
         plugin = shipped_plugin(config.model)
         with atomic_directory(out) as tmp:
             if is_plain_gpt2(config.model):

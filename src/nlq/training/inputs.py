@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from nlq.config import RunConfig, TrainConfig
 from nlq.data.batches import BatchPlan
+from nlq.data.labelled import is_labelled_dir, load_labelled
 from nlq.data.shards import TokenData, load_data
 from nlq.data.tasks import Task, TaskEvalSet, TaskPlan
 from nlq.errors import UserError
+from nlq.fileio import write_json
 from nlq.runs.rundir import copy_data_files, tokenizer_files
 from nlq.training.evaluate import bits_per_byte, check_vocab, make_eval_set, make_full_eval_set
 
@@ -138,8 +141,84 @@ class TaskInputs:
         return {"unigram_entropy": None}
 
 
-def load_inputs(config: RunConfig) -> CorpusInputs | TaskInputs:
-    return TaskInputs(config) if config.data.task else CorpusInputs(config)
+class LabelledPlan:
+    """Batches of labelled examples, a pure function of (seed, step): each step draws global_rows example indices
+    with replacement (as the corpus plan draws windows), split over ranks and micro-batches."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, global_rows: int, seed: int):
+        self.x, self.y, self.global_rows, self.seed = x, y, global_rows, seed
+
+    def batch(self, step: int, rank: int = 0, world: int = 1, micro: int = 0, n_micro: int = 1):
+        rows = np.random.default_rng([self.seed, step]).integers(0, len(self.y), self.global_rows)
+        mine = np.array_split(np.array_split(rows, world)[rank], n_micro)[micro]
+        return torch.from_numpy(self.x[mine]), torch.from_numpy(self.y[mine])
+
+
+@dataclass(frozen=True)
+class LabelledEvalSet:
+    """Every example of the test split, in order (its `starts` are the example indices)."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.arange(len(self.y))
+
+    def batch(self, indices: np.ndarray):
+        return torch.from_numpy(self.x[indices]), torch.from_numpy(self.y[indices])
+
+
+class LabelledInputs:
+    """Labelled signals or images (nlq prepare --source mnist1d|digits): a classifier's training examples and its
+    whole test split, which is both the evaluation during training and the final score (val_* and full_val_* in
+    metrics.jsonl and summary.json are on the test split)."""
+
+    scores_answers = True  # the loss covers each example's class; accuracy is logged per step
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.arrays, self.meta = load_labelled(config.data.dir)
+        m, shape = config.model, self.meta["splits"]["train"]["shape"]
+        expected = [m.input_size, m.in_channels] if m.input_dims == 1 else [m.in_channels, m.input_size, m.input_size]
+        if config.train.objective != "classify" or shape != expected or self.meta["classes"] > m.classes:
+            size, channels = (shape[-1], shape[0]) if len(shape) == 3 else (shape[0], shape[1])
+            raise UserError(f"{config.data.dir} holds {self.meta['classes']} classes of inputs shaped {shape}; train "
+                            f"it with --train.objective=classify --model.classes={self.meta['classes']} "
+                            f"--model.input_dims={len(shape) - 1} --model.input_size={size} --model.in_channels="
+                            f"{channels} (and --model.causal=false)")
+
+    def plan(self, global_rows: int, seed: int):
+        return LabelledPlan(self.arrays["train_x"], self.arrays["train_y"], global_rows, seed)
+
+    def eval_set(self):
+        return LabelledEvalSet(self.arrays["test_x"], self.arrays["test_y"])
+
+    def full_eval_set(self):
+        return self.eval_set()
+
+    def loss_metrics(self, loss: float, prefix: str = "val") -> dict:
+        return {}
+
+    def save_files(self, run_dir: Path) -> None:
+        write_json(run_dir / "data_meta.json", self.meta)
+
+    def checkpoint_files(self) -> dict | None:
+        return None
+
+    def summary(self) -> dict:
+        return {"unigram_entropy": None, "data_content_hash": self.meta["content_hash"]}
+
+
+def load_inputs(config: RunConfig) -> CorpusInputs | TaskInputs | LabelledInputs:
+    if config.data.task:
+        return TaskInputs(config)
+    if config.data.dir and is_labelled_dir(config.data.dir):
+        return LabelledInputs(config)
+    if config.train.objective == "classify":
+        raise UserError("train.objective=classify needs labelled examples: --data DIR made by nlq prepare --source "
+                        "mnist1d (or digits)")
+    return CorpusInputs(config)
 
 
 def unigram_entropy(tokens: np.ndarray, vocab_size: int, block: int = 1 << 26) -> float:

@@ -12,6 +12,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput
 # Every shipped file is imported here, nlq_model's own imports too: transformers 4.x copies into its module cache
 # only the files this module imports itself.
 from .configuration_nlq import NlqConfig
+from .nlq_components import ClassHead  # noqa: F401
 from .nlq_config import ModelConfig, ProjectionsConfig
 from .nlq_errors import UserError  # noqa: F401
 from .nlq_model import Transformer, rotary_tables
