@@ -69,3 +69,69 @@ def test_a_prepared_directory_is_reused_and_changed_arrays_are_refused(tmp_path)
 def test_a_wrong_labelled_source_is_one_line(tmp_path, capsys, argv, needle):
     one_line_error(capsys, ["prepare", *argv, "--out", tmp_path / "x"], needle)
     assert not (tmp_path / "x").exists()
+
+
+def write_cifar(folder, n=10):
+    """CIFAR-10's python batch files as torchvision writes them (pickled dicts of uint8 rows and labels)."""
+    import pickle
+
+    root = folder / "cifar-10-batches-py"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 b"labels": [int(v) for v in rng.integers(0, 10, n)]}
+        (root / name).write_bytes(pickle.dumps(batch))
+
+
+def test_cifar10_batches_are_read_as_arrays_and_nothing_else(tmp_path):
+    import pickle
+
+    write_cifar(tmp_path / "c")
+    meta = prepare_labelled(f"cifar10:{tmp_path / 'c'}", tmp_path / "out", log=lambda *_: None)
+    arrays, _ = load_labelled(tmp_path / "out")
+    assert meta["splits"]["train"] == {"examples": 50, "shape": [3, 32, 32]} and arrays["test_x"].max() <= 1.0
+    raw = pickle.loads((tmp_path / "c" / "cifar-10-batches-py" / "test_batch").read_bytes())
+    np.testing.assert_allclose(arrays["test_x"][0], raw[b"data"][0].reshape(3, 32, 32) / 255.0, rtol=1e-6)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("this ran",))
+
+    (tmp_path / "c" / "cifar-10-batches-py" / "test_batch").write_bytes(pickle.dumps({b"data": Evil()}))
+    with pytest.raises(UserError, match="is no CIFAR-10 batch"):
+        prepare_labelled(f"cifar10:{tmp_path / 'c'}", tmp_path / "out2", log=lambda *_: None)
+    assert not (tmp_path / "out2").exists()
+
+
+def write_images(root, sizes, mode="RGB"):
+    from PIL import Image
+
+    for label in ("cat", "dog"):
+        (root / label).mkdir(parents=True)
+        for i, size in enumerate(sizes):
+            Image.new(mode, (size, size), color=(i * 40) % 256 if mode == "L" else (i * 40, 0, 0)).save(
+                root / label / f"{i}.png")
+
+
+def test_an_image_folder_is_split_and_recorded_and_a_bad_one_is_one_line(tmp_path):
+    write_images(tmp_path / "imgs", [8] * 5)
+    meta = prepare_labelled(f"imagefolder:{tmp_path / 'imgs'}", tmp_path / "out", log=lambda *_: None)
+    assert meta["arguments"]["classes"] == ["cat", "dog"] and meta["classes"] == 2
+    assert meta["splits"]["train"] == {"examples": 8, "shape": [3, 8, 8]} and meta["splits"]["test"]["examples"] == 2
+    write_images(tmp_path / "gray" / "train", [8] * 2, mode="L")
+    write_images(tmp_path / "gray" / "test", [8], mode="L")
+    meta = prepare_labelled(f"imagefolder:{tmp_path / 'gray'}", tmp_path / "out2", log=lambda *_: None)
+    assert meta["splits"]["train"] == {"examples": 4, "shape": [1, 8, 8]} and meta["arguments"]["split"].startswith(
+        "train/")
+    write_images(tmp_path / "mixed", [8, 16])
+    with pytest.raises(UserError, match="no resize rule"):
+        prepare_labelled(f"imagefolder:{tmp_path / 'mixed'}", tmp_path / "o3", log=lambda *_: None)
+    (tmp_path / "none").mkdir()
+    with pytest.raises(UserError, match="found 0 class folder"):
+        prepare_labelled(f"imagefolder:{tmp_path / 'none'}", tmp_path / "o4", log=lambda *_: None)
+    write_images(tmp_path / "broken", [8] * 2)
+    (tmp_path / "broken" / "cat" / "bad.png").write_bytes(b"not an image")
+    with pytest.raises(UserError, match="cannot read .*bad.png as an image"):
+        prepare_labelled(f"imagefolder:{tmp_path / 'broken'}", tmp_path / "o5", log=lambda *_: None)
+    assert not any((tmp_path / name).exists() for name in ("o3", "o4", "o5"))

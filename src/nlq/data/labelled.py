@@ -7,6 +7,12 @@
                           permuted (`shuffle_seq`).
 - digits                  scikit-learn's 8 x 8 handwritten digits (1,797 images, shipped with scikit-learn), split
                           1,437 / 360 by a permutation seeded 2357, recorded.
+- cifar10:DIR             the CIFAR-10 python batches (data_batch_1..5, test_batch) that torchvision writes, read
+                          from DIR or DIR/cifar-10-batches-py by an unpickler that builds numpy arrays and nothing
+                          else (a pickle can run code): 50,000 / 10,000 images of 3 x 32 x 32.
+- imagefolder:DIR         one subfolder per class of images (PNG, JPEG, ...), all of one size (there is no resize
+                          rule), in RGB (or L when every one is grayscale); DIR/train and DIR/test if both exist,
+                          else one folder split 80/20 by a permutation seeded 2357.
 
 A prepared directory holds train_x.npy (N, length, channels) or (N, channels, height, width) float32, train_y.npy
 int64, the same for test, and meta.json: the source, the generator's arguments, the split, the shapes, the classes
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -25,18 +32,23 @@ from nlq.errors import UserError
 from nlq.fileio import atomic_directory, is_empty_dir, read_json, write_json
 
 KIND = "labelled"
-SOURCES = "mnist1d[:N][:shuffled] or digits"
+SOURCES = "mnist1d[:N][:shuffled], digits, cifar10:DIR or imagefolder:DIR"
 SPLIT_SEED = 2357
 MNIST1D_PUBLISHED = 5000  # the package's num_samples: 4,000 train + 1,000 test
 
 
 def is_labelled(spec: str) -> bool:
-    return spec.split(":")[0] in ("mnist1d", "digits")
+    return spec.split(":")[0] in ("mnist1d", "digits", "cifar10", "imagefolder")
 
 
 def generate(spec: str) -> tuple[dict[str, np.ndarray], dict]:
     """(arrays {train_x, train_y, test_x, test_y}, what made them) for a source spec; one-line errors."""
     name, *options = spec.split(":")
+    if name in ("cifar10", "imagefolder"):
+        folder = Path(spec.partition(":")[2])
+        if not folder.is_dir():
+            raise UserError(f"--source {spec}: give {name}:DIR, a directory of yours ({folder} is none)")
+        return _cifar10(folder) if name == "cifar10" else _image_folder(folder)
     if name == "digits":
         if options:
             raise UserError(f"--source {spec}: digits takes no options (the 1,797 images scikit-learn ships)")
@@ -83,6 +95,87 @@ def _digits() -> tuple[dict[str, np.ndarray], dict]:
               "test_y": digits.target[test]}
     return arrays, {"generator": f"scikit-learn=={importlib.metadata.version('scikit-learn')} load_digits",
                     "arguments": {"split_seed": SPLIT_SEED, "test_examples": 360, "scale": "pixels / 16"}}
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles dicts, lists, numbers, bytes and numpy arrays, and refuses every other global: a CIFAR batch
+    file is a pickle, and a pickle from elsewhere could otherwise run any code."""
+
+    ALLOWED = {(core, name) for core in ("numpy.core.multiarray", "numpy._core.multiarray")
+               for name in ("_reconstruct", "scalar")}
+    ALLOWED |= {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a CIFAR batch")
+
+
+def _cifar10(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
+    root = folder / "cifar-10-batches-py" if (folder / "cifar-10-batches-py").is_dir() else folder
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    missing = [n for n in names if not (root / n).is_file()]
+    if missing:
+        raise UserError(f"--source cifar10:{folder}: {root} lacks {', '.join(missing)}; give the folder torchvision's "
+                        f"CIFAR10(download=True) writes (cifar-10-batches-py)")
+    parts = {}
+    for name in names:
+        try:
+            with (root / name).open("rb") as f:
+                batch = _ArraysOnly(f, encoding="bytes").load()
+            parts[name] = (np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32),
+                           np.asarray(batch[b"labels"], dtype=np.int64))
+        except (pickle.UnpicklingError, KeyError, ValueError, EOFError, TypeError) as e:
+            raise UserError(f"--source cifar10:{folder}: {root / name} is no CIFAR-10 batch ({e})") from None
+    train = [parts[n] for n in names[:5]]
+    arrays = {"train_x": np.concatenate([x for x, _ in train]) / 255.0,
+              "train_y": np.concatenate([y for _, y in train]),
+              "test_x": parts["test_batch"][0] / 255.0, "test_y": parts["test_batch"][1]}
+    return arrays, {"generator": "CIFAR-10 python batches", "arguments": {"folder": str(root.resolve()),
+                                                                          "scale": "pixels / 255"}}
+
+
+def _image_folder(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
+    from PIL import Image, UnidentifiedImageError
+
+    split = (folder / "train").is_dir() and (folder / "test").is_dir()
+    roots = {"train": folder / "train", "test": folder / "test"} if split else {"all": folder}
+    classes = sorted({p.name for root in roots.values() for p in root.iterdir() if p.is_dir()})
+    if len(classes) < 2:
+        raise UserError(f"--source imagefolder:{folder}: found {len(classes)} class folder(s); give one subfolder "
+                        f"per class (at least 2), each holding that class's images")
+    images = {}
+    for part, root in roots.items():
+        xs, ys = [], []
+        for label, name in enumerate(classes):
+            for path in sorted((root / name).iterdir()) if (root / name).is_dir() else []:
+                try:
+                    with Image.open(path) as image:
+                        xs.append(np.asarray(image.convert("RGB" if image.mode not in ("L", "1") else "L")))
+                except (UnidentifiedImageError, OSError) as e:
+                    raise UserError(f"--source imagefolder:{folder}: cannot read {path} as an image ({e}); remove it "
+                                    f"or replace it") from None
+                ys.append(label)
+        if not xs:
+            raise UserError(f"--source imagefolder:{folder}: {root} holds no images in its class folders")
+        shapes = sorted({x.shape for x in xs})
+        if len(shapes) > 1:
+            raise UserError(f"--source imagefolder:{folder}: images of sizes {shapes[0]} and {shapes[-1]}; nlq has no "
+                            f"resize rule: give images of one size (a square, side a multiple of the patch size)")
+        x = np.stack(xs).astype(np.float32) / 255.0
+        images[part] = (x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2), np.asarray(ys, dtype=np.int64))
+    if not split:
+        x, y = images.pop("all")
+        order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+        n_test = max(1, len(y) // 5)
+        images = {"train": (x[order[n_test:]], y[order[n_test:]]), "test": (x[order[:n_test]], y[order[:n_test]])}
+    if images["train"][0].shape[1:] != images["test"][0].shape[1:]:
+        raise UserError(f"--source imagefolder:{folder}: train and test images differ in size; give one size")
+    arrays = {"train_x": images["train"][0], "train_y": images["train"][1], "test_x": images["test"][0],
+              "test_y": images["test"][1]}
+    arguments = {"folder": str(folder.resolve()), "classes": classes, "scale": "pixels / 255",
+                 "split": "train/ and test/" if split else f"80/20, permutation seeded {SPLIT_SEED}"}
+    return arrays, {"generator": "image folder", "arguments": arguments}
 
 
 def content_hash(arrays: dict[str, np.ndarray]) -> str:
