@@ -209,3 +209,16 @@ def test_reading_verdict_lr_agrees_with_the_committed_runs_and_the_decision():
             delta = [loss[(row["member"][0], s)] - loss[(row["member"][1], s)] for s in complete]
         assert sum(delta) / len(delta) == pytest.approx(row["mean"])  # the same seeds as the report
         assert line.split("|")[2].strip() == f"{sum(d > 0 for d in delta)} of {len(complete)}"
+
+
+def test_the_mnist1d_table_quotes_the_committed_runs():
+    """docs/RESULTS.md's MNIST-1D row is results/mnist1d-baseline/summary.json's mean and 95% interval."""
+    path = ROOT / "results" / "mnist1d-baseline" / "summary.json"
+    summary = json.loads(path.read_text())
+    accuracies = [r["accuracy"] for r in summary["test"]]
+    assert len(accuracies) == 5 and summary["mean_accuracy"] == pytest.approx(sum(accuracies) / 5)
+    low, high = summary["interval"]
+    row = f"{summary['mean_accuracy']:.1%}, 95% interval [{low:.1%}, {high:.1%}]"
+    assert row in (ROOT / "docs" / "RESULTS.md").read_text()
+    best = max(summary["selection"], key=lambda r: (r["accuracy"], -r["lr"], -r["steps"]))
+    assert summary["selected"] == {"lr": best["lr"], "steps": best["steps"]}
