@@ -106,6 +106,7 @@ def test_a_classifier_learns_mnist1d_above_chance_and_nlq_eval_scores_its_test_s
     assert losses[-1] < losses[0] - 0.3
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["val_acc"] > 0.25  # 10 classes: chance is 0.1
+    assert summary["test_accuracy"] == summary["val_acc"] and summary["test_loss"] == summary["val_loss"]
     assert json.loads((tmp_path / "run" / "data_meta.json").read_text())["source"] == "mnist1d:600"
     capsys.readouterr()
     main(["eval", str(tmp_path / "run")])

@@ -324,4 +324,5 @@ class Trainer:
             "non_embedding_parameters": self.model.num_parameters(),
             **self.inputs.summary(),
             "world": self.env.world, "device": str(self.env.device),
-        }
+        } | ({"test_loss": final.get("val_loss"), "test_accuracy": final.get("val_acc")}  # a classifier's evaluations
+             if self.config.train.objective == "classify" else {})  # score its whole test split
