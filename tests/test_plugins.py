@@ -411,3 +411,9 @@ def test_a_projection_that_imports_beyond_torch_is_not_exported(tmp_path):
         PROJECTIONS.clear()
         PROJECTIONS.update(saved)
         sys.modules.pop("needs_yaml", None)
+
+
+def test_the_nonlinear_querys_rank_given_to_another_projection_is_one_line(capsys):
+    """`--model.query_rank=4` used to be ignored without a word for a projection of one's own."""
+    one_line_error(capsys, ["info", "micro", "--model.query=linear", "--model.query_rank=4"],
+                   "model.query_rank=4 sizes nlq's nonlinear projection, which this model does not use")

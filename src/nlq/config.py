@@ -149,6 +149,10 @@ class ModelConfig:
         _check(not self.options or own, f"model.options={short_repr(self.options)} sets options of a projection of "
                                         f"your own, and this model uses nlq's own only ({', '.join(BUILT_IN_SORTED)})")
         _check(self.query_rank is None or self.query_rank > 0, f"model.query_rank={self.query_rank} must be > 0")
+        _check(self.query_rank is None or "nonlinear" in self.placements.values(),
+               f"model.query_rank={self.query_rank} sizes nlq's nonlinear projection, which this model does not use "
+               f"({', '.join(f'{k}={v}' for k, v in self.placements.items())}); a projection of your own takes its "
+               f"options as --model.options.NAME=VALUE")
         _one_of("model", "query_activation", self.query_activation, tuple(ACTIVATION_MODULES))
         _check(self.attn_scale is None or self.attn_scale > 0, f"model.attn_scale={self.attn_scale} must be > 0")
         _check(self.norm_eps > 0, f"model.norm_eps={self.norm_eps} must be > 0")
