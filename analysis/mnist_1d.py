@@ -13,7 +13,7 @@ Model: 2 layers, d 64, 4 heads, patches of 4 samples (10 tokens and a class toke
 recipe otherwise (AdamW 0.9/0.95, weight decay 0.1, cosine to lr / 10 after 100 warmup steps), batch 64, fp32.
 Runs that have finished are skipped, so the script resumes.
 
-    python analysis/mnist1d_baseline.py --work DIR [--results results/mnist1d-baseline]
+    python analysis/mnist_1d.py --work DIR [--results results/mnist1d-baseline]
 """
 
 import argparse
