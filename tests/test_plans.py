@@ -16,17 +16,17 @@ from nlq.studies.registry import get_study
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "results" / "verdict"
-# fields added after the committed studies ran, at their defaults
-ADDED_SINCE = {"model": {"attn_gate": "none", "options": {}}}
-
-
 def as_committed(config: dict, saved: dict) -> dict:
-    """config without the fields added since `saved` was written, where they hold the value every earlier run had."""
+    """config without the fields nlq gained after `saved` was written, where they hold their default: the value every
+    earlier run had (model.attn_gate, model.options, the classifier's fields, ...)."""
+    from nlq.config import RunConfig
+
+    defaults = RunConfig().to_dict()
     out = {section: dict(values) for section, values in config.items()}
-    for section, fields in ADDED_SINCE.items():
-        for key, default in fields.items():
-            if key not in saved.get(section, {}) and out[section].get(key) == default:
-                del out[section][key]
+    for section, values in out.items():
+        for key in list(values):
+            if key not in saved.get(section, {}) and values[key] == defaults[section].get(key):
+                del values[key]
     return out
 
 
