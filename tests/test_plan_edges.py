@@ -229,3 +229,17 @@ def test_a_summary_that_is_no_json_is_one_line_naming_the_run(byte_data, tmp_pat
     with pytest.raises(UserError) as error:
         build_report(tmp_path / "s")
     assert path.parent.name in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def test_a_start_that_fails_before_any_run_releases_its_claim(tmp_path, monkeypatch):
+    """A corpus that cannot be prepared (here: a source that does not exist) fails the start after its checks; the
+    directory must not stay frozen to a study that never ran."""
+    fake_training(monkeypatch)
+    raw = tomllib.loads(plan_text(tmp_path).read_text())
+    raw["data"]["source"] = str(tmp_path / "no-such-corpus.txt")
+    from test_plans import to_toml
+
+    (tmp_path / "missing.toml").write_text(to_toml(raw))
+    with pytest.raises(UserError):
+        run_study(get_study(str(tmp_path / "missing.toml")), tmp_path / "s", log=quiet)
+    assert not (tmp_path / "s" / "study.json").exists()

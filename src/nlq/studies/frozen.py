@@ -197,11 +197,11 @@ def _at(tree: dict, dotted: str):
     return node
 
 
-def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, shard: tuple[int, int] | None) -> None:
+def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, shard: tuple[int, int] | None) -> bool:
     """Decide, one start at a time, that study_dir holds this study: refuse another study, plan or overrides, and
     whatever its first stage would refuse (a designed field overridden, changed code of one's own, more shards than
     chains, a loss or a model size this machine cannot run), before anything is written; then write its study.json
-    if there is none, so that a second start of another design is refused."""
+    if there is none, so that a second start of another design is refused. Returns whether it wrote it."""
     data = Path(data_dir) if data_dir else None if study.data.source == "task" else study_dir / "data"
     with start_lock(study_dir):
         check_study_dir(study, study_dir, overrides)
@@ -217,9 +217,19 @@ def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, sh
         if shard is not None and shard[1] > groups:  # more shards than the first stage's work: a typo
             raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
                             f"runs, so at most {groups} shards can share it; use N <= {groups}")
-        if not (study_dir / "study.json").is_file():
-            study_dir.mkdir(parents=True, exist_ok=True)
-            write_json(study_dir / "study.json", study.describe() | {"overrides": overrides, "runs": []})
+        if (study_dir / "study.json").is_file():
+            return False
+        study_dir.mkdir(parents=True, exist_ok=True)
+        write_json(study_dir / "study.json", study.describe() | {"overrides": overrides, "runs": []})
+        return True
+
+
+def release(study_dir: Path, claimed: bool) -> None:
+    """Undo a claim this start made, when the start failed before any run: a directory frozen to a study that never
+    ran would refuse the corrected one."""
+    runs = Path(study_dir) / "runs"
+    if claimed and not (runs.is_dir() and any(runs.iterdir())):
+        (Path(study_dir) / "study.json").unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -157,8 +157,12 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     first), then waits for the rest of the stage, since a later stage may depend on all of it."""
     study_dir = Path(study_dir)
     overrides = overrides or []
-    frozen.claim(study, study_dir, overrides, data_dir, shard)
-    data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
+    claimed = frozen.claim(study, study_dir, overrides, data_dir, shard)
+    try:
+        data = prepare_study_data(study, study_dir, data_dir, log, wait_for_others=shard is not None)
+    except BaseException:
+        frozen.release(study_dir, claimed)  # no run has started: the directory is not frozen to this study
+        raise
     done_dirs, started, recorded = [], time.perf_counter(), []
     stamp = {"plan_hash": frozen.plan_hash(study.plan)} if study.plan is not None else {}  # into every run's record
     for number, stage in enumerate(study.run_stages(study_dir), start=1):
