@@ -30,6 +30,7 @@ import numpy as np
 
 from nlq.errors import UserError
 from nlq.fileio import atomic_directory, is_empty_dir, read_json, write_json
+from nlq.lock import directory_lock
 
 KIND = "labelled"
 SOURCES = "mnist1d[:N][:shuffled], digits, cifar10:DIR or imagefolder:DIR"
@@ -190,6 +191,12 @@ def prepare_labelled(spec: str, out: str | Path, overwrite: bool = False, log=pr
     """Generate the examples of `spec` into `out` (written whole or not at all); a directory already holding them
     is reused, one holding anything else is refused unless overwrite. Returns meta.json's content."""
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with directory_lock(out, f"data directory {out}"):  # study shards prepare the same directory
+        return _prepare_labelled(spec, out, overwrite, log)
+
+
+def _prepare_labelled(spec: str, out: Path, overwrite: bool, log) -> dict:
     arrays, made = generate(spec)
     arrays = {k: v.astype(np.float32) if k.endswith("_x") else v.astype(np.int64) for k, v in arrays.items()}
     meta = {"kind": KIND, "source": spec, **made, "content_hash": content_hash(arrays),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nlq.config import RunConfig, update
+from nlq.data.labelled import SOURCES as LABELLED, is_labelled
 from nlq.errors import ConfigError, UserError
 from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset
@@ -95,21 +96,15 @@ def read_plan(raw: dict, where: str = "the plan", base: Path | None = None) -> P
     name = raw.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         fail("name", f"is {name!r}; give a short name of letters, digits, '.', '_' or '-'")
-    data = _table(raw, "data", fail)
-    if not all(isinstance(data.get(k), str) and data.get(k) for k in ("source", "tokenizer")):
-        fail("data", "needs source and tokenizer (as for nlq prepare), e.g. source = \"pypkg\", tokenizer = "
-                     "\"bpe:2048\"")
-    extra = sorted(set(data) - {"source", "tokenizer", "val_fraction"})
-    if extra:
-        fail(f"data.{extra[0]}", "is not known; data has source, tokenizer and val_fraction")
+    data = _data(_table(raw, "data", fail), fail)
     base = _base(_table(raw, "base", fail), fail)
     arms = _arms(raw.get("arms"), base, fail)
     design = _design(dict(_table(raw, "design", fail)), [a.name for a in arms], fail)
     borrowed = {arm["name"]: _borrow(arm["borrow"], f"arms[{i}].borrow", fail)
                 for i, arm in enumerate(raw["arms"]) if "borrow" in arm}
     design |= {"borrowed": borrowed} if borrowed else {}
-    spec = DataSpec(data["source"], data["tokenizer"], **({"val_fraction": float(data["val_fraction"])}
-                                                          if "val_fraction" in data else {}))
+    spec = DataSpec(data["source"], data.get("tokenizer", ""), **({"val_fraction": float(data["val_fraction"])}
+                                                                  if "val_fraction" in data else {}))
     description = raw.get("description", f"plan {name}")
     if not isinstance(description, str):
         fail("description", "must be text")
@@ -121,6 +116,23 @@ def _table(raw: dict, key: str, fail) -> dict:
     if not isinstance(value, dict):
         fail(key, f"is missing or not a table ([{key}])")
     return value
+
+
+def _data(data: dict, fail) -> dict:
+    """[data]: a text corpus (source and tokenizer, as for nlq prepare) or labelled examples (a source alone)."""
+    if isinstance(data.get("source"), str) and is_labelled(data["source"]):
+        extra = sorted(set(data) - {"source"})
+        if extra:
+            fail(f"data.{extra[0]}", f"is not known for labelled examples ({data['source']}); they have a source "
+                                     "alone, split as nlq prepare splits them")
+        return data
+    if not all(isinstance(data.get(k), str) and data.get(k) for k in ("source", "tokenizer")):
+        fail("data", "needs source and tokenizer (as for nlq prepare), e.g. source = \"pypkg\", tokenizer = "
+                     f"\"bpe:2048\", or a source of labelled examples alone ({LABELLED})")
+    extra = sorted(set(data) - {"source", "tokenizer", "val_fraction"})
+    if extra:
+        fail(f"data.{extra[0]}", "is not known; data has source, tokenizer and val_fraction")
+    return data
 
 
 def _base(table: dict, fail) -> RunConfig:

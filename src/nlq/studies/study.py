@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nlq.config import RunConfig, update
+from nlq.data.labelled import KIND as LABELLED, is_labelled, prepare_labelled
 from nlq.data.shards import prepare, read_meta
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
@@ -137,8 +138,12 @@ def prepare_study_data(study: Study, study_dir: Path, data_dir: str | None, log=
     out = study_dir / "data"
     while True:
         try:
-            prepare(study.data.source, study.data.tokenizer, out, val_fraction=study.data.val_fraction, log=log,
-                    advice=f"give the study a prepared directory with --data DIR, or remove {out} to prepare it again")
+            if is_labelled(study.data.source):  # a classifier's examples, generated offline
+                prepare_labelled(study.data.source, out, log=log)
+            else:
+                prepare(study.data.source, study.data.tokenizer, out, val_fraction=study.data.val_fraction, log=log,
+                        advice=f"give the study a prepared directory with --data DIR, or remove {out} to prepare "
+                               "it again")
             return out
         except LockHeld:
             if not wait_for_others:
@@ -221,6 +226,8 @@ def _finish_stage(runs: list[Run], configs: list[RunConfig], study_dir: Path, sh
 def _data_meta(data_dir: Path) -> dict:
     """What ties a study's results to its corpus: source (with versions), tokenizer, content hash, tokens."""
     meta = read_meta(data_dir)
+    if meta.get("kind") == LABELLED:  # labelled examples: named by their content hash
+        return {k: meta.get(k) for k in ("source", "content_hash", "splits", "classes")}
     return {k: meta.get(k) for k in ("source", "tokenizer", "source_hash", "splits")}
 
 

@@ -26,7 +26,7 @@ def non_embedding_parameters(config: RunConfig) -> int:
 @functools.lru_cache(maxsize=64)
 def _non_embedding_parameters(model: str) -> int:  # keyed by the model config as JSON: studies ask the same often
     with torch.device("meta"):
-        return Transformer(RunConfig.from_dict({"model": json.loads(model)}).model).num_parameters()
+        return Transformer(_model_config(model)).num_parameters()
 
 
 def flops_per_token(config: RunConfig) -> int:
@@ -36,7 +36,14 @@ def flops_per_token(config: RunConfig) -> int:
 @functools.lru_cache(maxsize=64)
 def _flops_per_token(model: str) -> int:
     with torch.device("meta"):
-        return Transformer(RunConfig.from_dict({"model": json.loads(model)}).model).flops_per_token()
+        return Transformer(_model_config(model)).flops_per_token()
+
+
+def _model_config(model: str):
+    """The model config of its JSON (a classifier's with the objective a classifier is trained with)."""
+    fields = json.loads(model)
+    train = {"objective": "classify"} if fields.get("classes") else {}
+    return RunConfig.from_dict({"model": fields, "train": train}).model
 
 
 def budget_steps(config: RunConfig, shape: dict, tpp: float) -> int:
