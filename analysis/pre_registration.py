@@ -22,7 +22,11 @@ QK-norm pairs are the ones gate-lr's arms resemble), with the upper one-sided 80
 the power table at gate-lr's planning difference and margin. With --pace N it reads gate-lr's chains (93 to train:
 its borrowed arms are verdict-lr's).
 
-    python analysis/pre_registration.py [--study verdict-lr|gate-lr] [--pace N]
+With --study mnist1d-lr: the paired sd of the pilot (results/mnist1d-pilot: linear and nonlinear at one lr on 8
+seeds that mnist1d-lr never uses) with its upper one-sided 80% bound, and the power table at mnist1d-lr's planning
+difference and margin.
+
+    python analysis/pre_registration.py [--study verdict-lr|gate-lr|mnist1d-lr] [--pace N]
 """
 
 import argparse
@@ -116,12 +120,12 @@ def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 1
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--study", choices=["verdict", "verdict-lr", "gate-lr"], default="verdict")
+    parser.add_argument("--study", choices=["verdict", "verdict-lr", "gate-lr", "mnist1d-lr"], default="verdict")
     parser.add_argument("--pace", type=int, metavar="N", help="the pace of the study's first N chains (verdict-lr "
-                                                              "unless --study gate-lr), then exit")
+                                                              "unless --study gate-lr or mnist1d-lr), then exit")
     args = parser.parse_args()
     if args.pace:
-        study = "gate-lr" if args.study == "gate-lr" else "verdict-lr"
+        study = args.study if args.study in ("gate-lr", "mnist1d-lr") else "verdict-lr"
         return pace(args.pace, RESULTS / study, chains_to_train(study))
     if args.study == "gate-lr":
         family = json.loads((RESULTS / "verdict-lr" / "verdict.json").read_text())["secondary_family"]
@@ -130,6 +134,10 @@ def main() -> None:
         row = next(r for r in family if r["comparison"] == "nonlinear-qknorm - linear-qknorm")
         sd, df = row["sd"], row["n"] - 1
         source, pairs, sds = "paired sd of verdict-lr's QK-norm pair", [12, 14, 16, 18, 20], (0.02, 0.025, 0.03, 0.04)
+    elif args.study == "mnist1d-lr":
+        interval = json.loads((RESULTS / "mnist1d-pilot" / "verdict.json").read_text())["decision"]["interval"]
+        sd, df = interval["sd"], interval["n"] - 1
+        source, pairs, sds = "paired sd of the mnist1d pilot", [24, 32, 40, 48, 64], (0.01, 0.015, 0.02, 0.025, 0.03)
     elif args.study == "verdict":
         sd, df = pooled_paired_sd(SHARED_LR)
         source, pairs, sds = f"pooled paired sd of {SHARED_LR.parent.name}", [10, 12, 14, 16], (0.03, 0.04, 0.045, 0.05)

@@ -36,6 +36,7 @@ def build_plan_report(study_dir: Path, study: dict) -> str:
         missing = sorted(set(named) - variants)
         raise UserError(f"{study_dir / 'study.json'}: its design names arm {missing[0]!r}, which is none of its arms "
                         f"({', '.join(sorted(variants))}); run the study again from its plan to rewrite it")
+    study = study | {"settings": {"secondary": []} | study["settings"]}  # a design may declare no secondary arms
     return grid_report(study_dir, study) if has_grid(study["settings"]) else one_lr_report(study_dir, study)
 
 
@@ -91,8 +92,7 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     lines += ["", "Plot: `verdict_deltas.png` (each seed's Δ, the mean with its 95% interval, the equivalence "
               "margins).", ""]
     plot_one_lr(study_dir / "verdict_deltas.png", loss, s, baseline, study["name"])
-    write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
-                                                      "non_embedding_parameters", "val_loss", "full_val_loss"])
+    write_runs_csv(study_dir / "results.csv", runs, csv_columns(runs))
     return write_outcome(study_dir, lines, outcome)
 
 
@@ -101,7 +101,8 @@ def header(study: dict) -> list[str]:
     meta = study.get("data_meta") or {}
     code = ", ".join(f"`{c[:12]}{'+dirty' if c.endswith('+dirty') else ''}`" for c in study.get("code") or [])
     return [f"# Study `{study['name']}`", "", study.get("description", ""), "",
-            f"Corpus: `{meta.get('source')}`, content hash `{str(meta.get('source_hash'))[:16]}`. Code: "
+            f"{'Examples' if meta.get('content_hash') else 'Corpus'}: `{meta.get('source')}`, content hash "
+            f"`{str(meta.get('source_hash') or meta.get('content_hash'))[:16]}`. Code: "
             f"{code or 'not recorded'}.", ""]
 
 
@@ -144,7 +145,8 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
              f"p = {tost['p_upper']:.3g} against Δ >= +{s['margin']:g}; {1 - 2 * s['alpha']:.0%} interval "
              f"[{tost['low']:+.4f}, {tost['high']:+.4f}] "
              + ("inside" if tost["equivalent"] else "not inside") + f" ±{s['margin']:g};",
-             f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole val split ({len(pairs)} seeds);",
+             f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole {split_name(loss)} split "
+             f"({len(pairs)} seeds);",
              realised_power(interval, s)]
     lines += one_pair_lines(facts["one_pair"], "the decision")
     if decision["verdict"] == "inconclusive":
@@ -152,14 +154,41 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
         lines.append("- What would settle it: at the observed paired sd, a new study of "
                      f"{needed or 'more than 10,000'} pairs has 80% power to find a difference of {s['margin']:g} "
                      "nats (seeds are not added to this one).")
-    windows = paired_difference([loss[(method, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs],
-                                [loss[(baseline, seed, s["primary_tpp"])]["val_loss"] for seed, _, _ in pairs])
-    first = run_dir_of(study_dir, loss[(baseline, pairs[0][0], s["primary_tpp"])])
-    lines += ["", f"The same pairs on the {fixed_windows(first)}: Δ {windows['mean']:+.4f} "
-              f"{interval_text(windows)}.", "",
+    lines += ["", beside_endpoint(pairs, loss, s, baseline, method, study_dir), "",
               f"| seed | {baseline} | {method} | Δ |", "|---|---|---|---|"]
     lines += [f"| {seed} | {b:.4f} | {v:.4f} | {v - b:+.4f} |" for seed, b, v in pairs]
     return lines
+
+
+def is_classifier(loss: dict) -> bool:
+    return any(r.get("objective") == "classify" for r in loss.values())
+
+
+def split_name(loss: dict) -> str:
+    return "test" if is_classifier(loss) else "val"
+
+
+def beside_endpoint(pairs: list[tuple], loss: dict, s: dict, baseline: str, method: str, study_dir: Path) -> str:
+    """The same pairs on a second measure, not the endpoint: a language model's fixed eval windows; a classifier's
+    test accuracy (the whole test split)."""
+    tpp = s["primary_tpp"]
+    key = "test_accuracy" if is_classifier(loss) else "val_loss"
+    confidence = s["confidence"] if key == "test_accuracy" else 0.95
+    diff = paired_difference([loss[(method, seed, tpp)][key] for seed, _, _ in pairs],
+                             [loss[(baseline, seed, tpp)][key] for seed, _, _ in pairs], confidence)
+    if key == "test_accuracy":
+        means = {arm: mean_std([loss[(arm, seed, tpp)][key] for seed, _, _ in pairs])[0] for arm in (baseline, method)}
+        return (f"Test accuracy of the same pairs (not the endpoint): {baseline} {means[baseline]:.2%}, {method} "
+                f"{means[method]:.2%}; Δ {diff['mean']:+.2%} (positive: {method} more accurate), "
+                f"{s['confidence']:.0%} interval [{diff['low']:+.2%}, {diff['high']:+.2%}].")
+    first = run_dir_of(study_dir, loss[(baseline, pairs[0][0], tpp)])
+    return f"The same pairs on the {fixed_windows(first)}: Δ {diff['mean']:+.4f} {interval_text(diff)}."
+
+
+def csv_columns(runs: list[dict]) -> list[str]:
+    accuracy = ["full_val_acc"] if any(r.get("objective") == "classify" for r in runs) else []
+    return ["name", "tpp", "variant", "lr", "seed", "tokens", "non_embedding_parameters", "val_loss",
+            "full_val_loss"] + accuracy
 
 
 def realised_power(interval: dict, s: dict) -> str:
@@ -357,8 +386,7 @@ def grid_report(study_dir: Path, study: dict) -> str:
     plot_test(study_dir / "verdict_lr_test.png", pairs, family, s, baseline, method, study["name"])
     lines += ["", "Plot: `verdict_lr_test.png` (each test seed's Δ, the mean with its interval, the equivalence "
               "margins; beside it the secondary comparisons once they are in)."]
-    write_runs_csv(study_dir / "results.csv", runs, ["name", "tpp", "variant", "lr", "seed", "tokens",
-                                                      "non_embedding_parameters", "val_loss", "full_val_loss"])
+    write_runs_csv(study_dir / "results.csv", runs, csv_columns(runs))
     return write_outcome(study_dir, lines, outcome)
 
 
