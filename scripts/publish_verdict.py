@@ -1,10 +1,11 @@
-"""Publish a pre-registered study's state into the repository (`verdict`, or `verdict-lr` or `gate-lr` with --study):
+"""Publish a pre-registered study's state into the repository (`verdict`, or another of TITLES with --study):
 copy its finished runs to results/NAME, regenerate the report there, paste it into docs/RESULTS.md and write the
 status (or, once every registered pair is in, the decision and its numbers, with its scope) at the top of
 docs/RESULTS.md and in the README. Every number comes from the report's verdict.json and the study's study.json;
 before all pairs are in, only how many have finished is written.
 
-    python scripts/publish_verdict.py STUDY_DIR [--study verdict|verdict-lr|gate-lr] [--results results/NAME]
+    python scripts/publish_verdict.py STUDY_DIR [--study verdict|verdict-lr|gate-lr|mnist1d-lr|digits-lr]
+                                      [--results results/NAME]
                                       [--where "2 CPU cores"] [--when "2026-12-01 02:45 UTC"]
 
 The blocks it writes lie between <!-- NAME-status --> / <!-- /NAME-status --> (README.md and the top of
@@ -46,12 +47,15 @@ def scope(study: dict) -> str:
     settings, meta = study.get("settings") or {}, study.get("data_meta") or {}
     shape = settings.get("shape") or {"n_layer": "?", "n_embd": 0, "n_head": 1}
     corpus = "Python source (pypkg)" if str(meta.get("source", "")).startswith("pypkg") else meta.get("source")
-    return (f"{shape['n_layer']} layers, d {shape['n_embd']}, head dim {shape['n_embd'] // shape['n_head']}, {corpus}, "
-            f"{meta.get('tokenizer')}, {settings.get('primary_tpp', '?')} tokens per parameter")
+    data = (f"{corpus}, {meta.get('classes')} classes, an encoder classifier" if meta.get("content_hash")
+            else f"{corpus}, {meta.get('tokenizer')}")  # labelled examples have no tokenizer
+    return (f"{shape['n_layer']} layers, d {shape['n_embd']}, head dim {shape['n_embd'] // shape['n_head']}, {data}, "
+            f"{settings.get('primary_tpp', '?')} tokens per parameter")
 
 
 PAPERS_STUDIES = ("verdict", "verdict-lr")  # the studies of the paper's claim: their status quotes it
-TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each arm at its own lr"}
+TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each arm at its own lr",
+          "mnist1d-lr": "MNIST-1D, each arm at its own lr", "digits-lr": "8 x 8 digits, each arm at its own lr"}
 
 
 def decision_text(outcome: dict, paper: bool = True) -> str:
@@ -143,7 +147,7 @@ def family_text(family: list[dict], seeds: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("study_dir", type=Path)
-    parser.add_argument("--study", choices=["verdict", "verdict-lr", "gate-lr"], default="verdict")
+    parser.add_argument("--study", choices=["verdict", *TITLES], default="verdict")
     parser.add_argument("--results", type=Path, help="default: results/NAME")
     parser.add_argument("--where", default="2 CPU cores", help="the hardware, in a few words")
     parser.add_argument("--when", help="the time the status is dated (default: now, UTC)")
