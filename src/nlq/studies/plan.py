@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nlq.config import RunConfig, update
-from nlq.data.labelled import SOURCES as LABELLED, is_labelled
+from nlq.data.labelled import SOURCES as LABELLED
+from nlq.data.labelled import is_labelled
 from nlq.errors import ConfigError, UserError
 from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset

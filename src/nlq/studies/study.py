@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nlq.config import RunConfig, update
-from nlq.data.labelled import KIND as LABELLED, is_labelled, prepare_labelled
+from nlq.data.labelled import KIND as LABELLED
+from nlq.data.labelled import is_labelled, prepare_labelled
 from nlq.data.shards import prepare, read_meta
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
