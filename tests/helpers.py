@@ -83,7 +83,7 @@ def fake_training(monkeypatch, summary=None) -> list:
 
 def two_variant_study(config, name="tiny", seeds=(1, 2), description="two variants"):
     """linear and nonlinear on one config, data from the config's data.dir (the byte data in tests)."""
-    from nlq.studies.study import DataSpec, Study, Variant
+    from nlq.studies.design import DataSpec, Study, Variant
 
     return Study(name, description, config, [Variant("linear", {"model": {"query": "linear"}}),
                                             Variant("nonlinear", {"model": {"query": "nonlinear"}})],
@@ -92,8 +92,8 @@ def two_variant_study(config, name="tiny", seeds=(1, 2), description="two varian
 
 def task_study(name, variants):
     """A study on a synthetic task (no prepared data), for the tests that give it stages of their own."""
+    from nlq.studies.design import DataSpec, Study
     from nlq.studies.probes import base
-    from nlq.studies.study import DataSpec, Study
 
     return Study(name, "", base(), list(variants), seeds=[1], data=DataSpec("task", "none"))
 

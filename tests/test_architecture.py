@@ -152,3 +152,15 @@ def test_study_help_lists_every_registered_study(capsys):
         main(["study", "--help"])
     help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, even inside a name
     assert all(name in help_text for name in STUDIES), help_text
+
+
+def test_reading_a_plan_and_writing_a_report_never_import_the_trainer():
+    """A plan is read, dry-run and reported from its design alone: nlq.studies.plan, the reports and the registry
+    that names them load without nlq.training (its trainer, inputs and distributed setup)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nlq.studies.plan, nlq.studies.plan_report, nlq.studies.engine, nlq.studies.registry; "
+            "print(sorted(m for m in sys.modules if m == 'nlq.training' or m.startswith('nlq.training.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", loaded

@@ -163,7 +163,8 @@ def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, 
     """study.json records the file and sha256 of a projection of one's own; a changed file is refused on the next
     start, as a changed plan is; nlq's own projections record nothing."""
     from helpers import fake_training, tiny_run_config
-    from nlq.studies.study import DataSpec, Study, Variant, run_study
+    from nlq.studies.design import DataSpec, Study, Variant
+    from nlq.studies.study import run_study
 
     plugins.import_modules([str(plugin)])
     fake_training(monkeypatch)

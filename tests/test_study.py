@@ -8,9 +8,10 @@ import time
 import pytest
 
 from helpers import TASK, fake_training, one_line_error, task_study, tiny_run_config, two_variant_study
+from nlq.studies.design import Variant
 from nlq.studies.registry import build_report, get_study
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change, relative_delta
-from nlq.studies.study import Variant, run_study
+from nlq.studies.study import run_study
 
 TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
         "--model.n_head=2", "--train.max_steps=3", "--train.eval_every=3", "--train.batch_size=4",
@@ -34,7 +35,7 @@ def test_tiny_study_end_to_end(byte_data, tmp_path):
 
 
 def test_same_seed_means_same_batches_across_variants(byte_data, tmp_path):
-    from nlq.studies.study import Run
+    from nlq.studies.design import Run
 
     study = tiny_study(byte_data)
     configs = [Run(study, v, 1, None).config([], byte_data) for v in study.variants]
@@ -263,8 +264,8 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     the second stage built only after both shards finished the first."""
     import threading
 
+    from nlq.studies.design import Run
     from nlq.studies.sharding import parse_shard
-    from nlq.studies.study import Run
 
     trained = fake_training(monkeypatch, summary=lambda *_: time.sleep(0.02) or {})  # both shards get work
     variant = Variant("linear", {"model": {"query": "linear"}})
@@ -360,7 +361,7 @@ def test_more_shards_than_work_is_refused(byte_data, tmp_path, capsys):
 
 
 def test_a_shard_whose_partner_never_starts_or_died_takes_over_its_chains_after_its_own(tmp_path, monkeypatch):
-    from nlq.studies.study import LINEAR, Run
+    from nlq.studies.design import LINEAR, Run
 
     trained = fake_training(monkeypatch)
     study = task_study("lonely", [LINEAR])
@@ -384,8 +385,8 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
     stage starts only once that process has finished it."""
     from nlq.lock import directory_lock
     from nlq.studies import study as study_module
+    from nlq.studies.design import LINEAR, Run
     from nlq.studies.sharding import chain_lock
-    from nlq.studies.study import LINEAR, Run
 
     trained = fake_training(monkeypatch)
     fake = study_module._train_run
@@ -430,7 +431,8 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
 def test_a_study_whose_data_directory_holds_another_dataset_gives_advice_a_study_can_follow(byte_data, tmp_path):
     """The shard logs used to advise --overwrite, which nlq study does not take."""
     from nlq.errors import UserError
-    from nlq.studies.study import DataSpec, prepare_study_data
+    from nlq.studies.design import DataSpec
+    from nlq.studies.study import prepare_study_data
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "meta.json").write_text(json.dumps({"source": "other", "tokenizer": "byte"}))

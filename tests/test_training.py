@@ -234,7 +234,7 @@ def test_cli_bad_input_is_one_line(trained_run, byte_data, tmp_path, args, needl
 
 
 def test_wsd_schedule_shape_at_its_boundaries():
-    from nlq.training.schedule import cooldown_start
+    from nlq.schedule import cooldown_start
 
     cfg = TrainConfig(schedule="wsd", lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100, cooldown_fraction=0.2)
     assert cooldown_start(cfg) == 80

@@ -252,7 +252,7 @@ class TrainConfig:
     min_lr: float = setting(6e-5, "learning rate at the end of the decay")
     warmup_steps: int = setting(100, "linear warmup steps from 0 to lr")
     schedule: Literal["cosine", "wsd"] = setting("cosine",
-                                                 "cosine decay, or warmup-stable-decay (training/schedule.py)")
+                                                 "cosine decay, or warmup-stable-decay (schedule.py)")
     decay_steps: int | None = setting(None, "step at which the schedule reaches min_lr; None: max_steps")
     cooldown_fraction: float = setting(0.2, "wsd: share of decay_steps spent cooling down (1 - sqrt) to min_lr")
     resume_from: str | None = setting(None, "start a new run from another run's checkpoint (weights, optimizer, step)")

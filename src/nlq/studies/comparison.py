@@ -22,9 +22,9 @@ from nlq.config import RunConfig, update
 from nlq.errors import UserError
 from nlq.fileio import atomic_write
 from nlq.presets import get_preset
+from nlq.studies.design import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, DataSpec, Study, Variant
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
-from nlq.studies.study import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, DataSpec, Study, Variant
 from nlq.studies.tables import RunResult, best_lr, interval_text, load_results
 
 

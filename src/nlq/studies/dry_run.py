@@ -7,8 +7,9 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.studies import frozen
+from nlq.studies.design import Study
 from nlq.studies.sharding import shard_indices
-from nlq.studies.study import Study, steps_to_train
+from nlq.studies.study import steps_to_train
 
 
 def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,

@@ -23,9 +23,9 @@ from nlq.fileio import read_json
 from nlq.model import Transformer
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
+from nlq.studies.design import Run, Study
 from nlq.studies.plan import Plan
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
-from nlq.studies.study import Run, Study
 from nlq.studies.wsd import chain_tokens, non_embedding_parameters, wsd_chain
 
 

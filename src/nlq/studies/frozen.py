@@ -7,8 +7,6 @@ after every check has passed, one start at a time."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -18,27 +16,10 @@ from nlq.fileio import read_json, write_json
 from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides, parse_overrides
 from nlq.projections import own_sources
+from nlq.studies.design import changed_field, plan_hash
 from nlq.training.distributed import resolve_device
 from nlq.training.hardware import check_memory
 from nlq.training.trainer import loss_impl
-
-
-def plan_hash(raw: dict) -> str:
-    """The hash of a parsed plan (its canonical JSON): what freezes a study directory to its plan."""
-    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def changed_field(old, new, prefix: str = "") -> str | None:
-    """The first dotted field where two parsed plans differ (list items as field[i]), or None if they are equal."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new), key=str):
-            found = changed_field(old.get(key), new.get(key), f"{prefix}{'.' if prefix else ''}{key}")
-            if found:
-                return found
-        return None
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return next((f for i, (a, b) in enumerate(zip(old, new)) if (f := changed_field(a, b, f"{prefix}[{i}]"))), None)
-    return None if old == new else prefix or "the plan"
 
 
 def check_frozen(name: str, plan: dict | None, study_dir: Path) -> None:

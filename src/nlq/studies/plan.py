@@ -23,8 +23,7 @@ from nlq.data.labelled import is_labelled
 from nlq.errors import ConfigError, UserError
 from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset
-from nlq.studies.frozen import plan_hash
-from nlq.studies.study import DataSpec, Variant
+from nlq.studies.design import DataSpec, Variant, plan_hash
 
 SHIPPED = Path(__file__).resolve().parent.parent / "plans"
 TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design"}

@@ -16,9 +16,9 @@ from nlq.config import RunConfig, update
 from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.runs.metrics import read_metrics
+from nlq.studies.design import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import holm, holm_verdicts, mean_std, median, paired_difference
-from nlq.studies.study import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.tables import load_summaries, write_runs_csv
 
 VARIANTS = [LINEAR, NONLINEAR, IDENTITY, MLP_4_75]

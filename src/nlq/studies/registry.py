@@ -8,10 +8,10 @@ from pathlib import Path
 from nlq.errors import UserError
 from nlq.projections import check_own_code
 from nlq.studies import comparison, probes, scaling
+from nlq.studies.design import Study
 from nlq.studies.engine import plan_study
 from nlq.studies.plan import is_plan_path, load_plan, shipped_plans
 from nlq.studies.plan_report import build_plan_report
-from nlq.studies.study import Study
 from nlq.studies.tables import load_results
 
 STUDIES: dict[str, Callable[[], Study]] = {

@@ -23,9 +23,9 @@ import numpy as np
 from nlq.config import RunConfig, update
 from nlq.fileio import atomic_write, read_json
 from nlq.presets import get_preset
+from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
-from nlq.studies.study import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 from nlq.studies.wsd import budget_steps, chain_tokens, merged, wsd_chain
 

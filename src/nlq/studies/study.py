@@ -1,7 +1,7 @@
 """Studies: variants x seeds (x peak learning rates), every run of a seed on the identical batch plan.
 
-A study is code: a function returning a Study built from a base config plus per-variant deltas, its design
-settings as data (Study.settings, written to study.json for its report). Each run lives in its own run
+A study is code: a function returning a Study (design.py) built from a base config plus per-variant deltas, its
+design settings as data (Study.settings, written to study.json for its report). Each run lives in its own run
 directory under STUDY_DIR/runs; starting a study again skips finished runs and resumes unfinished ones from
 their last checkpoint. N processes can share a study (run_study(shard=(k, n))). The named studies are in
 the family modules beside this one; registry.py names them.
@@ -9,121 +9,24 @@ the family modules beside this one; registry.py names them.
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from nlq.config import RunConfig, update
+from nlq.config import RunConfig
 from nlq.data.labelled import KIND as LABELLED
 from nlq.data.labelled import is_labelled, prepare_labelled
 from nlq.data.shards import prepare, read_meta
 from nlq.errors import Diverged, LockHeld, UserError
 from nlq.fileio import read_json, write_json
-from nlq.overrides import apply_overrides
 from nlq.provenance import code_versions
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
 from nlq.studies import frozen
+from nlq.studies.design import Run, Study, plan_hash
 from nlq.studies.sharding import chain_claimed, chain_lock, parse_shard, shard_indices  # noqa: F401 (parse_shard, for callers)
 from nlq.training.trainer import train
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    changes: dict = field(default_factory=dict)  # nested {section: {field: value}}
-    note: str = ""
-
-
-# The variants the studies share, defined once (a study may add its own, e.g. the paper's lr for the method).
-LINEAR = Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q")
-NONLINEAR = Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2")
-IDENTITY = Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)")
-RESIDUAL = Variant("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, a linear control")
-MLP_4_5 = Variant("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)")
-MLP_4_75 = Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)")
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What `nlq prepare` makes for the study when no --data is given."""
-    source: str
-    tokenizer: str
-    val_fraction: float = 0.05
-
-
-@dataclass
-class Study:
-    name: str
-    description: str
-    base: RunConfig
-    variants: list[Variant]
-    seeds: list[int]
-    data: DataSpec
-    lrs: list[float] | None = None  # peak learning rates to sweep; None: the base's train.lr
-    baseline: str = "linear"
-    width_family: list[str] = field(default_factory=list)  # baselines that differ only in MLP width
-    min_lr_ratio: float = 0.1  # min_lr = ratio x peak lr when sweeping
-    # Studies whose later runs depend on earlier results (e.g. the lr an lr sweep picked) run in stages:
-    # stages(study_dir) yields lists of runs, and each list is finished before the next is asked for.
-    stages: Callable[[Path], Iterator[list[Run]]] | None = None
-    report: str = "comparison"  # which report nlq report writes (registry.REPORTS)
-    settings: dict = field(default_factory=dict)  # the study's own design settings, written to study.json
-    plan: dict | None = None  # the plan file it was read from (studies/plan.py), frozen by its hash in study.json
-
-    def runs(self) -> list[Run]:
-        """Seed-major order, so an interrupted study has complete seeds to compare."""
-        lrs = self.lrs or [None]
-        return [Run(self, v, seed, lr) for seed in self.seeds for lr in lrs for v in self.variants]
-
-    def run_stages(self, study_dir: Path) -> Iterator[list[Run]]:
-        if self.stages is None:
-            yield self.runs()
-        else:
-            yield from self.stages(study_dir)
-
-    def describe(self) -> dict:
-        described = {"name": self.name, "description": self.description, "baseline": self.baseline,
-                     "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
-                     "variants": [dataclasses.asdict(v) for v in self.variants], "data": dataclasses.asdict(self.data)}
-        described |= {"settings": self.settings} if self.settings else {}
-        plan = {"plan": self.plan, "plan_hash": frozen.plan_hash(self.plan)} if self.plan is not None else {}
-        return described | plan
-
-
-@dataclass(frozen=True)
-class Run:
-    study: Study
-    variant: Variant
-    seed: int
-    lr: float | None
-    changes: dict = field(default_factory=dict)  # this run's own deltas on top of the variant's (width, budget)
-    tag: str = ""  # name prefix, e.g. "d64-tpp20"
-    suffix: str = ""  # name suffix, e.g. "-stable" for the shared stable phase of WSD branches
-    labels: dict = field(default_factory=dict)  # recorded in study.json for the report (width, budget, stage)
-    group: str = ""  # runs that must run in order in one process (a WSD stable run and its branches); "": itself
-
-    @property
-    def chain(self) -> str:
-        return self.group or self.name
-
-    @property
-    def name(self) -> str:
-        lr = f"-lr{self.lr:g}" if self.lr is not None else ""
-        return f"{self.tag + '-' if self.tag else ''}{self.variant.name}{lr}-s{self.seed}{self.suffix}"
-
-    def config(self, overrides: list[str], data_dir: Path) -> RunConfig:
-        config = update(self.study.base, self.variant.changes)
-        train = {"seed": self.seed}
-        if self.lr is not None:
-            train.update(lr=self.lr, min_lr=self.lr * self.study.min_lr_ratio)
-        config = update(config, {"train": train, "data": {"dir": str(Path(data_dir).resolve()) if data_dir else ""}})
-        return apply_overrides(update(config, self.changes), overrides)
-
 
 # ---- running ---------------------------------------------------------------------------------------
 
@@ -170,7 +73,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         frozen.release(study_dir, claimed)  # no run has started: the directory is not frozen to this study
         raise
     done_dirs, started, recorded = [], time.perf_counter(), []
-    stamp = {"plan_hash": frozen.plan_hash(study.plan)} if study.plan is not None else {}  # into every run's record
+    stamp = {"plan_hash": plan_hash(study.plan)} if study.plan is not None else {}  # into every run's record
     for number, stage in enumerate(study.run_stages(study_dir), start=1):
         frozen.check_overrides(study, stage, overrides)
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts

@@ -15,8 +15,8 @@ import torch
 from nlq.config import RunConfig, update
 from nlq.errors import UserError
 from nlq.model import Transformer
-from nlq.studies.study import Run, Study, Variant
-from nlq.training.schedule import cooldown_start
+from nlq.schedule import cooldown_start
+from nlq.studies.design import Run, Study, Variant
 
 
 def non_embedding_parameters(config: RunConfig) -> int:

@@ -29,13 +29,13 @@ from nlq.provenance import code_version, tensor_hash, utc_now
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.metrics import read_metrics, truncate_metrics, write_metrics
 from nlq.runs.rundir import recorded_code, save_config, write_summary
+from nlq.schedule import lr_at
 from nlq.training import distributed
 from nlq.training.distributed import DistEnv
 from nlq.training.evaluate import evaluate, perplexity
 from nlq.training.hardware import autocast, autocast_dtype, check_memory, peak_flops, tune_allocator
 from nlq.training.inputs import batch_spec, load_inputs
 from nlq.training.logging import MetricsLogger
-from nlq.training.schedule import lr_at
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device, sharded: bool):
