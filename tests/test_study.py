@@ -10,7 +10,7 @@ import pytest
 from helpers import TASK, fake_training, one_line_error, task_study, tiny_run_config, two_variant_study
 from nlq.studies.design import Variant
 from nlq.studies.registry import build_report, get_study
-from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_change, relative_delta
+from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_delta
 from nlq.studies.study import run_study
 
 TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
@@ -121,8 +121,7 @@ def test_paired_difference_matches_hand_computation():
     assert paired_difference([1.2, 1.21, 1.19], [1.1, 1.1, 1.1])["verdict"] == "worse"
 
 
-def test_relative_change_and_parameter_fit():
-    assert relative_change(3.0, 2.94) == pytest.approx(0.02)  # an improvement
+def test_relative_delta_and_parameter_fit():
     assert relative_delta(3.0, 2.94) == pytest.approx(-0.02)  # what the reports print: the sign of Δ
     fit = fit_loss_vs_params([math.e, math.e ** 2, math.e ** 3], [3.0, 2.0, 1.0])
     assert fit == pytest.approx((4.0, -1.0))

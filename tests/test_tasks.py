@@ -2,14 +2,36 @@
 model learns MQAR with few pairs."""
 
 import json
+import math
 
 import numpy as np
 import pytest
 import torch
 
 from nlq.data.batches import IGNORE
-from nlq.data.tasks import Lookup, Task, TaskEvalSet, TaskPlan, solve
+from nlq.data.tasks import PAD, Lookup, Task, TaskEvalSet, TaskPlan
 from nlq.errors import UserError
+
+
+def solve(task: Task, x: np.ndarray) -> dict[int, int]:
+    """Brute force: the answer at every query position of an input, read off the input alone."""
+    answers = {}
+    if task.name == "selective-copy":
+        region = int(np.where(x == 2)[0][0])
+        data = [int(t) for t in x[:region] if t > 2]
+        return {region + j: d for j, d in enumerate(data)}
+    store = {int(x[2 * i]): int(x[2 * i + 1]) for i in range(task.pairs)}
+    if task.name == "mqar":
+        for p in range(2 * task.pairs, len(x) - 1, 2):
+            if x[p] != PAD:
+                answers[p] = store[int(x[p])]
+        return answers
+    side, table = math.isqrt(task.vocab), Lookup.table(task)
+    for p in range(2 * task.pairs, len(x) - 2, 3):
+        if x[p] != PAD:
+            a, b = int(x[p]) - 1 - 2 * task.vocab, int(x[p + 1]) - 1 - 2 * task.vocab - side
+            answers[p + 1] = store[1 + int(table[a, b])]
+    return answers
 
 TASK_CASES = [Task("mqar", vocab=16, pairs=4, length=24), Task("mqar", vocab=64, pairs=16, length=64),
               Task("lookup", vocab=16, pairs=4, length=26), Task("lookup", vocab=64, pairs=12, length=64),

@@ -189,24 +189,3 @@ class TaskEvalSet:
 
     def batch(self, indices: np.ndarray):
         return self.task.batch([(self.seed, _EVAL_STREAM, int(i)) for i in indices])
-
-
-def solve(task: Task, x: np.ndarray) -> dict[int, int]:
-    """Brute force: the answer at every query position of an input, read off the input alone (for tests)."""
-    answers = {}
-    if task.name == "selective-copy":
-        region = int(np.where(x == 2)[0][0])
-        data = [int(t) for t in x[:region] if t > 2]
-        return {region + j: d for j, d in enumerate(data)}
-    store = {int(x[2 * i]): int(x[2 * i + 1]) for i in range(task.pairs)}
-    if task.name == "mqar":
-        for p in range(2 * task.pairs, len(x) - 1, 2):
-            if x[p] != PAD:
-                answers[p] = store[int(x[p])]
-        return answers
-    side, table = math.isqrt(task.vocab), Lookup.table(task)
-    for p in range(2 * task.pairs, len(x) - 2, 3):
-        if x[p] != PAD:
-            a, b = int(x[p]) - 1 - 2 * task.vocab, int(x[p + 1]) - 1 - 2 * task.vocab - side
-            answers[p + 1] = store[1 + int(table[a, b])]
-    return answers

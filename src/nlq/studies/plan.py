@@ -23,7 +23,7 @@ from nlq.data.labelled import is_labelled
 from nlq.errors import ConfigError, UserError
 from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset
-from nlq.studies.design import DataSpec, Variant, plan_hash
+from nlq.studies.design import DataSpec, Variant
 
 SHIPPED = Path(__file__).resolve().parent.parent / "plans"
 TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design"}
@@ -51,10 +51,6 @@ class Plan:
     def kind(self) -> str:
         """'lr-grid' (each arm selects its lr on the selection seeds) or 'fixed-lr' (one lr for every arm)."""
         return "lr-grid" if "lrs" in self.design else "fixed-lr"
-
-    @property
-    def hash(self) -> str:
-        return plan_hash(self.raw)
 
 
 def shipped_plans() -> dict[str, Path]:

@@ -159,12 +159,6 @@ def power_equivalence(true: float, sd: float, n: int, margin: float, alpha: floa
     return float(integrate.quad(inside, 0.0, x_max, limit=200)[0])
 
 
-def relative_change(baseline: float, variant: float) -> float:
-    """(baseline - variant) / baseline, the relative improvement: positive means the variant is lower (better).
-    The reports print relative_delta, which carries Δ's sign."""
-    return (baseline - variant) / baseline
-
-
 def relative_delta(baseline: float, variant: float) -> float:
     """(variant - baseline) / baseline: the sign of Δ = variant - baseline, positive means the variant is higher
     (worse); the one convention of every report (the paper's -1.24% and -2.40% are in it)."""
