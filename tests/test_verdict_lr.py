@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from helpers import fake_training
-from nlq.studies.engine import grid_step
 from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.plan_report import paper_protocol_lr
+from nlq.studies.selection import grid_step
 
 SETTINGS = load_plan(SHIPPED / "verdict-lr.toml").design  # as registered and amended
 GRID = SETTINGS["lrs"]

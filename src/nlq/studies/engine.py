@@ -12,7 +12,6 @@ never trained: its selection and test endpoints are that study's. The report of 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
 from nlq.studies.design import Run, Study
 from nlq.studies.plan import Plan
+from nlq.studies.selection import grid_step, lr_means
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.wsd import chain_tokens, non_embedding_parameters, wsd_chain
 
@@ -49,52 +49,6 @@ def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[
                                    branch={"data": {"final_eval": "full"}}, lr_in_name=has_grid(s))
                 runs += [run for level in levels for run in level]
     return runs
-
-
-def lr_means(ended: dict[tuple[str, float, int], float | None], arm: str,
-             seeds: list[int]) -> dict[float, float | None]:
-    """Each lr an arm has tried on these seeds -> its mean endpoint, None where a run diverged (that lr is out);
-    only lrs whose runs have all ended."""
-    tried = sorted({lr for (a, lr, seed) in ended if a == arm and seed in seeds})
-    means = {}
-    for lr in tried:
-        if all((arm, lr, seed) in ended for seed in seeds):
-            values = [ended[(arm, lr, seed)] for seed in seeds]
-            means[lr] = None if any(v is None or not math.isfinite(v) for v in values) else sum(values) / len(values)
-    return means
-
-
-def grid_step(means: dict[float, float | None], s: dict) -> dict:
-    """The edge rule on one arm's selection so far (lr -> mean, None: out). Returns {"lr": the best lr (the lowest
-    mean; a tie goes to the lower lr; None if every lr is out), "next": the lr to try next (None: this arm's
-    selection is over), "edge": whether the best sits at an edge of what was tried}. A best at the lowest (highest)
-    lr tried asks for that lr / factor (x factor), unless max_extensions were made that way already; a diverged
-    lr counts as tried, so an extension that diverges leaves the best inside and ends the search."""
-    eligible = sorted((m, lr) for lr, m in means.items() if m is not None)
-    if not eligible:
-        return {"lr": None, "next": None, "edge": False}
-    best, tried, grid = eligible[0][1], sorted(means), s["lrs"]
-    at_low, at_high = best == tried[0], best == tried[-1]
-    step = None
-    if at_low and sum(lr < grid[0] for lr in tried) < s["max_extensions"]:
-        step = best / s["edge_factor"]
-    elif at_high and sum(lr > grid[-1] for lr in tried) < s["max_extensions"]:
-        step = best * s["edge_factor"]
-    return {"lr": best, "next": step, "edge": at_low or at_high}
-
-
-def selection(ended: dict[tuple[str, float, int], float | None], s: dict, arms: list[str]) -> dict:
-    """Per arm, once its selection is over (every grid and extension run ended, no extension asked for): its lr
-    means, the selected lr and whether it stayed at an edge. Arms still selecting are absent."""
-    out = {}
-    for arm in arms:
-        means = lr_means(ended, arm, s["selection_seeds"])
-        if any(lr not in means for lr in s["lrs"]):
-            continue
-        step = grid_step(means, s)
-        if step["next"] is None:
-            out[arm] = {"means": means, "lr": step["lr"], "edge": step["edge"]}
-    return out
 
 
 def run_records(study_dir: Path, study: dict) -> list[dict]:

@@ -18,9 +18,10 @@ from nlq.config import RunConfig
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.studies.borrow import borrowed_arms
-from nlq.studies.engine import endpoints, has_grid, lr_means, run_dir_of, run_records, selection
+from nlq.studies.engine import endpoints, has_grid, run_dir_of, run_records
 from nlq.studies.plan import check_settings
 from nlq.studies.plots import plt, save_figure
+from nlq.studies.selection import lr_means, selection
 from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed, power_paired_t, sd_interval
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 from nlq.studies.wsd import flops_per_token

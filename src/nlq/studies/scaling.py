@@ -25,6 +25,7 @@ from nlq.fileio import atomic_write, read_json
 from nlq.presets import get_preset
 from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.plots import plt, save_figure
+from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
 from nlq.studies.wsd import budget_steps, chain_tokens, merged, wsd_chain
@@ -65,14 +66,12 @@ def sweep_runs(study: Study) -> list[Run]:
 
 
 def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
-    """(width, variant) -> the swept lr with the lowest final val loss."""
-    best: dict[tuple[str, str], tuple[float, float]] = {}
+    """(width, variant) -> the swept lr with the lowest final val loss (one seed; selection.lowest)."""
+    losses: dict[tuple[str, str], dict[float, float]] = {}
     for run in runs:
         summary = read_json(study_dir / "runs" / run.name / "summary.json", "a run summary")
-        key = (run.labels["width"], run.variant.name)
-        if key not in best or summary["val_loss"] < best[key][1]:
-            best[key] = (run.lr, summary["val_loss"])
-    return {key: lr for key, (lr, _) in best.items()}
+        losses.setdefault((run.labels["width"], run.variant.name), {})[run.lr] = summary["val_loss"]
+    return {key: lowest(by_lr) for key, by_lr in losses.items()}
 
 
 def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float],

@@ -14,6 +14,7 @@ import numpy as np
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json
 from nlq.runs.metrics import read_metrics
+from nlq.studies.selection import lowest
 
 
 @dataclass
@@ -90,11 +91,13 @@ def load_summaries(study_dir: Path, study: dict) -> list[dict]:
 
 
 def best_lr(results: list[RunResult]) -> dict[str, float]:
-    """Each variant's peak lr with the lowest mean val loss."""
+    """Each variant's peak lr with the lowest mean val loss (selection.lowest: a tie goes to the lower lr, an lr with
+    a non-finite loss is out)."""
     by = {}
     for r in results:
         by.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.val_loss)
-    return {v: min(lrs, key=lambda lr: np.mean(lrs[lr])) for v, lrs in by.items()}
+    return {v: lowest({lr: float(np.mean(x)) if np.isfinite(x).all() else None for lr, x in lrs.items()})
+            for v, lrs in by.items()}
 
 
 def write_runs_csv(path: Path, runs: list[dict], keys: list[str]) -> None:
