@@ -1,7 +1,13 @@
-"""The fixtures every test module can ask for; the plain helpers they use are in helpers.py."""
+"""The fixtures every test module can ask for; the plain helpers they use are in helpers.py. Every test process
+trains on one thread (OMP_NUM_THREADS=1 unless the caller set it; subprocesses inherit it), so that the suite does
+not oversubscribe the cores beside other work; a test about threads sets its own."""
 
-import pytest
-import torch
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402 (after the thread count, which torch reads when it starts)
+import torch  # noqa: E402
 
 from helpers import SAMPLE_TEXT, train_small
 
@@ -9,6 +15,7 @@ from helpers import SAMPLE_TEXT, train_small
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # a test that changed it leaves no trace
 
 
 @pytest.fixture(scope="session")

@@ -269,6 +269,8 @@ class TrainConfig:
     device: str = setting("auto", "auto (cuda when present, else cpu), cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "float32", "bfloat16"] = setting("auto", "auto: bfloat16 autocast on cuda, float32 on cpu")
     compile: bool = setting(False, "torch.compile the model")
+    threads: int = setting(0, "CPU threads: 0 picks them by the step's size and the machine's load (training/"
+                              "hardware.py; OMP_NUM_THREADS, when set, is kept), N > 0 exactly N")
     peak_tflops: float | None = setting(None, "peak TFLOP/s for the MFU estimate; None: known GPUs only")
     tensorboard: bool = setting(False, "also log to TensorBoard (RUN/tensorboard)")
     wandb: bool = setting(False, "also log to Weights & Biases")
@@ -298,6 +300,7 @@ class TrainConfig:
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2 must be in [0, 1)")
         _check(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0")
         _check(self.checkpoint_every >= 0, f"train.checkpoint_every={self.checkpoint_every} must be >= 0")
+        _check(self.threads >= 0, f"train.threads={self.threads} must be >= 0 (0: chosen by the work and the load)")
         _check(
             self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
             f"train.device={self.device!r} is not valid; use auto, cpu, cuda or cuda:N",

@@ -99,8 +99,9 @@ def check_overrides(study, runs: list, overrides: list[str]) -> None:
 
 # Fields that cannot change what a run computes, only where and how it is watched: they may differ between the
 # commands that continue a study. Everything else a command-line override sets is part of the study.
-NEUTRAL = frozenset({"train.device", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
-                     "train.tensorboard", "train.wandb", "train.peak_tflops", "dist.timeout_s", "data.dir"})
+NEUTRAL = frozenset({"train.device", "train.threads", "train.log_every", "train.checkpoint_every",
+                     "train.keep_checkpoints", "train.tensorboard", "train.wandb", "train.peak_tflops",
+                     "dist.timeout_s", "data.dir"})
 PATHS = frozenset({"train.resume_from", "train.init_from"})  # compared by file name: a study directory may move
 
 

@@ -1,12 +1,15 @@
-"""What the host offers a run: memory (refuse a step that cannot fit, before allocating), the allocator, bf16
-support and autocast, and peak FLOP/s for the MFU estimate."""
+"""What the host offers a run: CPU threads (chosen by the work's size and the machine's load), memory (refuse a step
+that cannot fit, before allocating), the allocator, bf16 support and autocast, and peak FLOP/s for the MFU estimate."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import statistics
 import sys
+import time
+from pathlib import Path
 
 import torch
 
@@ -14,6 +17,61 @@ from nlq.config import ModelConfig, RunConfig, TrainConfig
 from nlq.errors import UserError
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
+
+
+# Below this much training work per step (6 x parameters x tokens, in FLOPs) a second thread costs more in
+# start-up and synchronisation than it saves (benchmarks/threads.py, docs/PERFORMANCE.md): one thread.
+SMALL_STEP_FLOPS = 1e9
+
+
+def busy_elsewhere(samples: int = 7, interval_s: float = 0.02, loadavg: Path = Path("/proc/loadavg")) -> float:
+    """About how many cores other work keeps busy now: the runnable tasks of the whole machine (the first number of
+    /proc/loadavg's fourth field) less this process, the median of a few samples; 0.0 where /proc is not there.
+    Instantaneous, unlike the load averages, which take a minute to see a job that has just started."""
+    counts = []
+    for i in range(samples):
+        try:
+            running = int(loadavg.read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return 0.0
+        counts.append(max(0, running - 1))
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return float(statistics.median(counts))
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity mask, as taskset and cgroups set it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def choose_threads(requested: int, step_flops: float, cores: int, busy: float, processes: int = 1) -> int:
+    """Threads for one training process: `requested` when it is > 0; otherwise one for a step under
+    SMALL_STEP_FLOPS, else this process's share of the cores that other work leaves free (processes: how many
+    processes of this run share the machine), at least one."""
+    if requested > 0:
+        return requested
+    if step_flops < SMALL_STEP_FLOPS:
+        return 1
+    free = cores - round(busy)
+    return max(1, min(cores, free) // max(1, processes))
+
+
+def set_threads(config: RunConfig) -> int:
+    """Set torch's intra-op threads for this run on a CPU and return them: train.threads when > 0; the user's
+    OMP_NUM_THREADS (what torch started with) when set; else choose_threads by the work and the machine's load."""
+    requested = config.train.threads
+    if requested == 0 and os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    tokens = config.train.batch_tokens or config.train.batch_size * config.model.block_size
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    threads = choose_threads(requested, 6.0 * config.model.approx_parameters() * tokens, cpu_cores(),
+                             busy_elsewhere() if requested == 0 else 0.0, processes)
+    torch.set_num_threads(threads)
+    return threads
 
 
 def tune_allocator() -> bool:

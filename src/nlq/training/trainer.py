@@ -33,7 +33,7 @@ from nlq.schedule import lr_at
 from nlq.training import distributed
 from nlq.training.distributed import DistEnv
 from nlq.training.evaluate import evaluate, perplexity
-from nlq.training.hardware import autocast, autocast_dtype, check_memory, peak_flops, tune_allocator
+from nlq.training.hardware import autocast, autocast_dtype, check_memory, peak_flops, set_threads, tune_allocator
 from nlq.training.inputs import batch_spec, load_inputs
 from nlq.training.logging import MetricsLogger
 
@@ -67,6 +67,8 @@ def train(config: RunConfig, run_dir: str | Path, resume: bool = False, quiet: b
     """Train one run into run_dir; returns its summary. Joins the process group under torchrun."""
     env = distributed.init(config.dist, config.train.device)
     tune_allocator()
+    if env.device.type == "cpu":
+        set_threads(config)
     run_dir = Path(run_dir)
     lock = directory_lock(run_dir, f"run directory {run_dir}") if env.is_main else contextlib.nullcontext()
     peer_failed = False
@@ -323,6 +325,6 @@ class Trainer:
             "tokens_per_s": float(np.median(rates)) if rates else None,
             "non_embedding_parameters": self.model.num_parameters(),
             **self.inputs.summary(),
-            "world": self.env.world, "device": str(self.env.device),
+            "world": self.env.world, "device": str(self.env.device), "threads": torch.get_num_threads(),
         } | ({"test_loss": final.get("val_loss"), "test_accuracy": final.get("val_acc")}  # a classifier's evaluations
              if self.config.train.objective == "classify" else {})  # score its whole test split
