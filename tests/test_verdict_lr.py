@@ -10,7 +10,7 @@ import torch
 
 from helpers import fake_training
 from nlq.studies.plan import SHIPPED, load_plan
-from nlq.studies.plan_report import paper_protocol_lr
+from nlq.studies.plan_selection import paper_protocol_lr
 from nlq.studies.selection import grid_step
 
 SETTINGS = load_plan(SHIPPED / "verdict-lr.toml").design  # as registered and amended

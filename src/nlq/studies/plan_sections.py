@@ -1,0 +1,257 @@
+"""The test part of a plan's report: the decision and what it rests on (power as realised, any one pair that
+decides its words, the same pairs on a second measure), and the declared secondary comparisons, Holm-adjusted as
+one family. Sign convention: Δ = variant - baseline in nats (positive = worse)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from nlq.fileio import read_json
+from nlq.studies.engine import run_dir_of
+from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed, power_paired_t, sd_interval
+from nlq.studies.tables import interval_text
+
+
+def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str) -> dict:
+    """What the decision rests on, for the report and verdict.json: how many pairs have the method worse (Δ > 0), and
+    (exploratory) each pair whose removal alone would change the decision's words."""
+    deltas = [v - b for _, b, v in pairs]
+    return {"worse_pairs": sum(d > 0 for d in deltas), "one_pair": one_pair_decides(
+        [seed for seed, _, _ in pairs], deltas, s["confidence"], lambda d: decide(
+            d, s["margin"], s["confidence"], s["alpha"], method, no_effect_words)["words"])}
+
+
+def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str,
+                    study_dir: Path, facts: dict) -> list[str]:
+    interval, tost = decision["interval"], decision["tost"]
+    base_mean, base_sd = mean_std([b for _, b, _ in pairs])
+    lines = [f"**Verdict: {decision['words']}.**", "",
+             f"- mean Δ {interval['mean']:+.4f} nats ({interval['mean'] / base_mean:+.2%} of {baseline}'s loss; "
+             f"positive: {method} worse), {s['confidence']:.0%} interval {interval_text(interval)}, "
+             f"paired sd {interval['sd']:.4f} (planned for {s['planning_sd']:g}), p = {interval['p']:.3g};",
+             f"- equivalence test: p = {tost['p_lower']:.3g} against Δ <= -{s['margin']:g} and "
+             f"p = {tost['p_upper']:.3g} against Δ >= +{s['margin']:g}; {1 - 2 * s['alpha']:.0%} interval "
+             f"[{tost['low']:+.4f}, {tost['high']:+.4f}] "
+             + ("inside" if tost["equivalent"] else "not inside") + f" ±{s['margin']:g};",
+             f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole {split_name(loss)} split "
+             f"({len(pairs)} seeds);",
+             realised_power(interval, s)]
+    lines += one_pair_lines(facts["one_pair"], "the decision")
+    if decision["verdict"] == "inconclusive":
+        needed = pairs_needed(s["margin"], interval["sd"])
+        lines.append("- What would settle it: at the observed paired sd, a new study of "
+                     f"{needed or 'more than 10,000'} pairs has 80% power to find a difference of {s['margin']:g} "
+                     "nats (seeds are not added to this one).")
+    lines += ["", beside_endpoint(pairs, loss, s, baseline, method, study_dir), "",
+              f"| seed | {baseline} | {method} | Δ |", "|---|---|---|---|"]
+    lines += [f"| {seed} | {b:.4f} | {v:.4f} | {v - b:+.4f} |" for seed, b, v in pairs]
+    return lines
+
+
+def is_classifier(loss: dict) -> bool:
+    return any(r.get("objective") == "classify" for r in loss.values())
+
+
+def split_name(loss: dict) -> str:
+    return "test" if is_classifier(loss) else "val"
+
+
+def beside_endpoint(pairs: list[tuple], loss: dict, s: dict, baseline: str, method: str, study_dir: Path) -> str:
+    """The same pairs on a second measure, not the endpoint: a language model's fixed eval windows; a classifier's
+    test accuracy (the whole test split)."""
+    tpp = s["primary_tpp"]
+    key = "test_accuracy" if is_classifier(loss) else "val_loss"
+    confidence = s["confidence"] if key == "test_accuracy" else 0.95
+    diff = paired_difference([loss[(method, seed, tpp)][key] for seed, _, _ in pairs],
+                             [loss[(baseline, seed, tpp)][key] for seed, _, _ in pairs], confidence)
+    if key == "test_accuracy":
+        means = {arm: mean_std([loss[(arm, seed, tpp)][key] for seed, _, _ in pairs])[0] for arm in (baseline, method)}
+        return (f"Test accuracy of the same pairs (not the endpoint): {baseline} {means[baseline]:.2%}, {method} "
+                f"{means[method]:.2%}; Δ {diff['mean']:+.2%} (positive: {method} more accurate), "
+                f"{s['confidence']:.0%} interval [{diff['low']:+.2%}, {diff['high']:+.2%}].")
+    first = run_dir_of(study_dir, loss[(baseline, pairs[0][0], tpp)])
+    return f"The same pairs on the {fixed_windows(first)}: Δ {diff['mean']:+.4f} {interval_text(diff)}."
+
+
+def realised_power(interval: dict, s: dict) -> str:
+    """The power the test had at the paired sd it observed (with that sd's interval) beside the power planned, and
+    which sizes of effect its interval excludes."""
+    n, sd, confidence = interval["n"], interval["sd"], s["confidence"]
+    effect = s.get("planning_difference", s["margin"])
+    low, high = sd_interval(sd, n, confidence)
+    kept = [f"{e:+g}" for e in (-effect, effect) if interval["low"] < e < interval["high"]]
+    planned = power_paired_t(effect, s["planning_sd"], n, confidence)
+    return (f"- power as realised: at the observed paired sd {sd:.4f} ({confidence:.0%} interval {low:.4f} to "
+            f"{high:.4f}) the {n} pairs find a true Δ of {effect:g} with probability "
+            f"{power_paired_t(effect, sd, n, confidence):.2f} (planned: {planned:.2f} at sd {s['planning_sd']:g}); "
+            f"the interval excludes a true Δ below {interval['low']:+.4f} or above "
+            f"{interval['high']:+.4f}" + (f"; it does not exclude a true Δ of {' or '.join(kept)}." if kept else "."))
+
+
+def one_pair_decides(seeds: list[int], deltas: list[float], confidence: float, words_of) -> list[dict]:
+    """Each pair whose removal alone would change the words of a decision or reading (words_of(deltas)), the most
+    influential first (at most 3): its seed, Δ, share of the mean, rank by influence (|Δ - mean|), and the estimate
+    and words without it. Exploratory: such a pair is found after looking."""
+    words, total = words_of(deltas), sum(deltas)
+    mean = total / len(deltas)
+    order = sorted(range(len(deltas)), key=lambda i: -abs(deltas[i] - mean))
+    rows = []
+    for rank, i in enumerate(order, start=1):
+        rest = deltas[:i] + deltas[i + 1:]
+        if len(rest) < 2 or words_of(rest) == words:
+            continue
+        rows.append({"seed": seeds[i], "delta": deltas[i], "share": deltas[i] / total if total else None, "rank": rank,
+                     "without": paired_difference(rest, [0.0] * len(rest), confidence), "words": words,
+                     "words_without": words_of(rest)})
+    return rows[:3]
+
+
+def one_pair_lines(rows: list[dict], what: str) -> list[str]:
+    lines = []
+    for row in rows:
+        share = f"{row['share']:+.0%} of the mean" if row["share"] is not None else "the mean is 0"
+        which = "the most influential pair" if row["rank"] == 1 else f"the {ordinal(row['rank'])} most influential"
+        p = row["without"]
+        lines.append(f"- exploratory (a pair found after looking): {what} rests on one pair. Seed {row['seed']}, "
+                     f"{which}, has Δ {row['delta']:+.4f} ({share}); without it Δ is {p['mean']:+.4f} "
+                     f"{interval_text(p)} over {p['n']} pairs, which would read \"{row['words_without']}\" instead of "
+                     f"\"{row['words']}\".")
+    return lines
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def fixed_windows(run_dir: Path) -> str:
+    """What a run's val_loss was scored on, in words: its fixed eval windows and their tokens."""
+    config = read_json(run_dir / "config.json", "a run's config") if (run_dir / "config.json").is_file() else {}
+    n, block = (config.get("data") or {}).get("eval_windows"), (config.get("model") or {}).get("block_size")
+    if not (isinstance(n, int) and isinstance(block, int)):
+        return "fixed eval windows used during training (not the endpoint)"
+    return f"{n} fixed eval windows used during training ({n * block:,} tokens; not the endpoint)"
+
+
+def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[str]:
+    """The declared secondary comparisons, one Holm family: every (variant, budget) but the primary one."""
+    family = [(v, tpp) for v in [method, *s["secondary"]] for tpp in s["budgets_tpp"]
+              if (v, tpp) != (method, s["primary_tpp"])]
+    rows = []
+    for variant, tpp in family:
+        pairs = pairs_of(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
+        if len(pairs) == len(s["seeds"]):
+            rows.append((variant, tpp, paired_difference([v for _, _, v in pairs], [b for _, b, _ in pairs],
+                                                         s["confidence"])))
+    lines = ["", "## Secondary comparisons (declared in advance; not part of the decision)", ""]
+    if not family:
+        return lines + ["None declared (no secondary arm, one budget)."]
+    if not rows:
+        return lines + ["None has all its pairs yet (the secondary arms run after the primary arms)."]
+    # Holm over the whole declared family: a comparison whose pairs are not all in counts with p = 1 until they
+    # are, which can only make the others' adjusted p larger (never smaller) than the family's final adjustment.
+    adjusted = holm([p["p"] for _, _, p in rows] + [1.0] * (len(family) - len(rows)))[:len(rows)]
+    pending = "" if len(rows) == len(family) else (f"; the {len(family) - len(rows)} whose pairs are not all in yet "
+                                                   "count with p = 1 until they are, which keeps the adjustment "
+                                                   "conservative")
+    lines += [f"Holm-adjusted over the {len(family)} declared comparisons as one family{pending}.", "",
+              f"| variant | tokens/param | pairs | mean Δ vs {baseline} | 95% interval | p | Holm p | reading |",
+              "|---|---|---|---|---|---|---|---|"]
+    for (variant, tpp, p), p_holm in zip(rows, adjusted):
+        lines.append(f"| {variant} | {tpp:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | "
+                     f"{p_holm:.3g} | {reading(p, p_holm, s)} |")
+    fragile = []
+    for index, (variant, tpp, _) in enumerate(rows):
+        pairs = pairs_of(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
+
+        def words_of(d: list[float], index=index) -> str:  # this comparison's reading, the others' p as they are
+            p = paired_difference(d, [0.0] * len(d), s["confidence"])
+            others = [r[2]["p"] for r in rows]
+            return reading(p, holm(others[:index] + [p["p"]] + others[index + 1:] + [1.0] * (len(family) - len(rows)))[
+                index], s)
+        fragile += one_pair_lines(one_pair_decides([seed for seed, _, _ in pairs], [v - b for _, b, v in pairs],
+                                                   s["confidence"], words_of),
+                                  f"the reading of {variant} at {tpp:g} tokens/param")
+    return lines + ([""] + fragile if fragile else [])
+
+
+def reading(p: dict, p_holm: float, s: dict) -> str:
+    if not p_holm < 1 - s["confidence"]:
+        return "within noise"
+    return "lower loss" if p["mean"] < 0 else "higher loss"
+
+
+def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list[dict]]:
+    """The declared secondary family on the test seeds (design.secondary_family; without it, each secondary arm
+    against the baseline), Holm-adjusted together once every test seed has all its arms: [variant, baseline] pairs
+    and "interaction": with two secondary arms [baseline', method'] beside the primary [baseline, method],
+    (method' - baseline') - (method - baseline); in verdict-lr, the query effect with QK-norm minus without."""
+    if not s.get("secondary"):
+        return [], []
+    tpp, key = s["primary_tpp"], s["endpoint"]
+    complete = [seed for seed in s["seeds"] if all((arm, seed, tpp) in loss for arm in arms)]
+    lines = ["", f"## Secondary arms: {', '.join(s['secondary'])} (declared comparisons on the test seeds; not part of "
+             "the decision)", ""]
+    if len(complete) < len(s["seeds"]) or len(arms) < len(s["primary"]) + len(s["secondary"]):
+        return lines + [f"{len(complete)} of {len(s['seeds'])} test seeds have every arm's endpoint; the family is "
+                        "computed once all have."], []
+    value = {(arm, seed): loss[(arm, seed, tpp)][key] for arm in arms for seed in complete}
+    rows, per_seed = [], []
+    for member in s.get("secondary_family") or [[arm, s["primary"][0]] for arm in s["secondary"]]:
+        if member == "interaction":
+            (nq, lq), (n, ln) = s["secondary"][::-1], s["primary"][::-1]  # [baseline, method] of each pair
+            diffs = [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)])
+                     for seed in complete]
+            label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
+            p, base = paired_difference(diffs, [0.0] * len(diffs), s["confidence"]), None
+        else:
+            variant, baseline = member
+            label = f"{variant} - {baseline}"
+            diffs = [value[(variant, seed)] - value[(baseline, seed)] for seed in complete]
+            p = paired_difference([value[(variant, seed)] for seed in complete],
+                                  [value[(baseline, seed)] for seed in complete], s["confidence"])
+            base = mean_std([value[(baseline, seed)] for seed in complete])[0]
+        rows.append({"comparison": label, "member": member, "baseline_mean": base, **p})
+        per_seed.append(diffs)
+    adjusted = holm([r["p"] for r in rows])
+    lines += [f"Holm-adjusted over the {len(rows)} declared comparisons as one family; Δ positive: the first-named "
+              "arm has the higher loss.", "",
+              f"| comparison | pairs | mean Δ | % of the baseline | {s['confidence']:.0%} interval | p | Holm p | "
+              "reading |",
+              "|---|---|---|---|---|---|---|---|"]
+    for row, p_holm in zip(rows, adjusted):
+        row["holm_p"] = p_holm
+        share = f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a"
+        lines.append(f"| {row['comparison']} | {row['n']} | {row['mean']:+.4f} | {share} | {interval_text(row)} | "
+                     f"{row['p']:.3g} | {p_holm:.3g} | {reading(row, p_holm, s)} |")
+    fragile = []
+    for index, (row, diffs) in enumerate(zip(rows, per_seed)):
+        def words_of(d: list[float], index=index) -> str:  # this member's reading, the others' p as they are
+            p = paired_difference(d, [0.0] * len(d), s["confidence"])
+            return reading(p, holm([r["p"] for r in rows[:index]] + [p["p"]] + [r["p"] for r in rows[index + 1:]])[
+                index], s)
+        fragile += one_pair_lines(one_pair_decides(complete, diffs, s["confidence"], words_of),
+                                  f"the reading of {row['comparison']}")
+    return lines + ([""] + fragile if fragile else []), rows
+
+
+REGISTERED_WORDS = {"verdict", "verdict-lr"}  # their pre-registrations (docs/RESULTS.md) named the margin so
+
+
+def no_effect(study: dict) -> str:
+    """The words of the decision rule for equivalence shown: the margin stood for the paper's claimed gain in the
+    shipped pre-registrations; a plan of one's own says the margin itself."""
+    if study["name"] in REGISTERED_WORDS:
+        return "no effect of the paper's size"
+    return f"no effect beyond ±{study['settings']['margin']:g} nats"
+
+
+def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
+    """(seed, baseline's endpoint, variant's endpoint) for the seeds where both finished with a finite endpoint (a
+    summary without one, or with null or inf, counts as not ended)."""
+    def value(arm: str, seed: int):
+        v = loss.get((arm, seed, tpp), {}).get(endpoint)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+    return [(seed, value(baseline, seed), value(variant, seed)) for seed in seeds
+            if value(baseline, seed) is not None and value(variant, seed) is not None]

@@ -1,0 +1,158 @@
+"""The selection part of an lr-grid plan's report: the design in words, the lr curve and its table, how firm each
+selection is, the declared illustrations on the selection seeds (and the paper's protocol where declared), and
+which arms are borrowed."""
+
+from __future__ import annotations
+
+import math
+
+from nlq.studies.borrow import borrowed_arms
+from nlq.studies.plan_sections import no_effect, reading
+from nlq.studies.selection import lr_means
+from nlq.studies.stats import holm, mean_std, paired_difference
+from nlq.studies.tables import interval_text
+
+
+def borrowed_text(s: dict) -> list[str]:
+    """Beside the selection table: which arms are another committed study's runs, and the commit they ran at."""
+    borrowed = borrowed_arms(s)
+    if not borrowed:
+        return []
+    by_source: dict[tuple, list[str]] = {}
+    for arm, borrow in borrowed.items():
+        by_source.setdefault((borrow["study"], borrow["commit"]), []).append(arm)
+    return ["", "Borrowed arms (not trained in this study; their selection and test runs are another committed "
+            "study's, read from its directory beside this one): " + "; ".join(
+                f"{', '.join(arms)} from study `{study}` at commit `{commit[:12]}`"
+                for (study, commit), arms in by_source.items()) + "."]
+
+
+def design_text(study: dict) -> str:
+    s = study["settings"]
+    baseline, method = s["primary"]
+    return (f"Selection: the arms {', '.join(s['primary'] + s['secondary'])} at peak lr "
+            f"{', '.join(f'{lr:g}' for lr in s['lrs'])} (min lr = peak x {s['min_lr_ratio']:g}) on seeds "
+            f"{', '.join(map(str, s['selection_seeds']))}; each arm's lr is the one with the lowest mean "
+            f"{s['endpoint']} "
+            f"at {s['primary_tpp']:g} tokens per parameter (an lr with a diverged run is out; a tie goes to the lower "
+            f"lr); a best lr at an edge of what was tried extends the grid by x{s['edge_factor']:g} that way (at most "
+            f"{s['max_extensions']} times), until the best is inside or the next lr diverges. Test: every arm at its "
+            f"selected lr on {len(s['seeds'])} seeds ({s['seeds'][0]}-{s['seeds'][-1]}), the primary arms first; "
+            f"Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed (positive: {method} worse); the "
+            f"mean Δ with its {s['confidence']:.0%} paired t interval and the equivalence test (two one-sided t tests "
+            f"at {s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
+            f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
+            f"inconclusive. A test pair with a diverged run leaves the test and is listed.")
+
+
+def lr_curve(picked: dict, s: dict, arms: list[str]) -> dict:
+    """arm -> [{lr, values (per selection seed, None: diverged), mean, low, high}] for every lr it has tried, from
+    the runs' summaries; mean and interval only where every seed ended finite."""
+    curve = {}
+    for arm in arms:
+        rows = []
+        for lr in sorted({lr for (a, lr, _) in picked if a == arm}):
+            values = [picked.get((arm, lr, seed), math.nan) for seed in s["selection_seeds"]]
+            row = {"lr": lr, "values": [None if v is None or not math.isfinite(v) else v for v in values],
+                   "ended": sum((arm, lr, seed) in picked for seed in s["selection_seeds"]),
+                   "diverged": sum(picked.get((arm, lr, seed), 0.0) is None for seed in s["selection_seeds"])}
+            finite = [v for v in row["values"] if v is not None]
+            if len(finite) == len(values):
+                p = paired_difference(finite, [0.0] * len(finite), s["confidence"])
+                row |= {"mean": p["mean"], "low": p["low"], "high": p["high"]}
+            rows.append(row)
+        if rows:
+            curve[arm] = rows
+    return curve
+
+
+def selection_table(curve: dict, chosen: dict, s: dict, arms: list[str]) -> list[str]:
+    lines = [f"| arm | peak lr | runs ended | mean {s['endpoint']} | {s['confidence']:.0%} interval | diverged |",
+             "|---|---|---|---|---|---|"]
+    for arm in arms:
+        for row in curve.get(arm, []):
+            marks = ["extension"] * (row["lr"] not in s["lrs"])
+            marks += ["selected"] * (arm in chosen and chosen[arm]["lr"] == row["lr"])
+            mark = f" ({', '.join(marks)})" if marks else ""
+            mean = f"{row['mean']:.4f}" if "mean" in row else "n/a"
+            interval = f"[{row['low']:.4f}, {row['high']:.4f}]" if "mean" in row else "n/a"
+            lines.append(f"| {arm} | {row['lr']:g}{mark} | {row['ended']} of {len(s['selection_seeds'])} | {mean} | "
+                         f"{interval} | {row['diverged']} |")
+    return lines
+
+
+def selection_margins(picked: dict, chosen: dict, s: dict, arms: list[str]) -> tuple[list[str], dict]:
+    """How firm each selection is: the runner-up lr (the next lowest mean), the margin (runner-up - selected, mean over
+    the selection seeds) with the paired sd of that difference, and on how many selection seeds the selected lr was
+    the best of every lr the arm tried with finite runs. A close call: not best on every seed."""
+    seeds, rows = s["selection_seeds"], {}
+    for arm in arms:
+        best = chosen[arm]["lr"]
+        means = {lr: m for lr, m in lr_means(picked, arm, seeds).items() if m is not None}
+        runner_up = min((lr for lr in means if lr != best), key=lambda lr: (means[lr], lr), default=None)
+        if best is None or runner_up is None:
+            continue
+        d = [picked[(arm, runner_up, seed)] - picked[(arm, best, seed)] for seed in seeds]
+        won = sum(all(picked[(arm, best, seed)] <= picked[(arm, lr, seed)] for lr in means) for seed in seeds)
+        rows[arm] = {"lr": best, "runner_up": runner_up, "margin": sum(d) / len(d), "sd": mean_std(d)[1], "won": won}
+    if not rows:
+        return [], rows
+    lines = ["", "How firm each selection is (the runner-up: the lr with the next lowest mean; margin = its mean - the "
+             f"selected lr's, with the paired sd of that difference over the {len(seeds)} selection seeds):", "",
+             "| arm | selected | runner-up | margin | paired sd | selection seeds where the selected lr was best |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {arm} | {r['lr']:g} | {r['runner_up']:g} | {r['margin']:+.4f} | {r['sd']:.4f} | {r['won']} of "
+              f"{len(seeds)} |" for arm, r in rows.items()]
+    close = [f"{arm} ({r['won']} of {len(seeds)})" for arm, r in rows.items() if r["won"] < len(seeds)]
+    if close:
+        lines += ["", f"Close calls (the selected lr not the best on every selection seed): {', '.join(close)}. "
+                  "Another draw of selection seeds could have selected another lr for them; the test holds each arm "
+                  "at the lr selected, as registered."]
+    return lines, rows
+
+
+def paper_protocol_lr(method_lr: float, baseline_lrs: list[float], ratio: float) -> float:
+    """The baseline's lr nearest (on a log scale) to method_lr / ratio; a tie goes to the lower lr."""
+    target = math.log(method_lr / ratio)
+    return min(sorted(baseline_lrs), key=lambda lr: abs(math.log(lr) - target))
+
+
+def selection_comparisons(picked: dict, chosen: dict, s: dict, baseline: str, method: str) -> list[str]:
+    """Declared illustrations on the selection seeds (paired by seed, not tests): method - baseline at every lr both
+    tried (one Holm family), and the paper's protocol (the method at its selected lr, the baseline at the lr nearest
+    to 1/ratio of it)."""
+    seeds = s["selection_seeds"]
+
+    def pair(a: tuple, b: tuple) -> dict:
+        both = [seed for seed in seeds if picked.get((*a, seed)) is not None and picked.get((*b, seed)) is not None]
+        return paired_difference([picked[(*a, seed)] for seed in both], [picked[(*b, seed)] for seed in both],
+                                 s["confidence"])
+
+    shared = sorted({lr for (a, lr, _) in picked if a == method} & {lr for (a, lr, _) in picked if a == baseline})
+    rows = [(lr, pair((method, lr), (baseline, lr))) for lr in shared]
+    adjusted = holm([p["p"] if math.isfinite(p["p"]) else 1.0 for _, p in rows])
+    lines = ["", f"Illustrations on the selection seeds (declared; not tests): {method} - {baseline} at each lr both "
+             f"tried, Holm-adjusted over the {len(rows)} lrs as one family.", "",
+             f"| peak lr | pairs | mean Δ | {s['confidence']:.0%} interval | p | Holm p | reading |",
+             "|---|---|---|---|---|---|---|"]
+    for (lr, p), p_holm in zip(rows, adjusted):
+        lines.append(f"| {lr:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | {p_holm:.3g} | "
+                     f"{reading(p, p_holm, s)} |")
+    method_lr = chosen[method]["lr"]
+    finite = [row["lr"] for row in lr_means_rows(picked, baseline, seeds)]
+    if method_lr is None or not finite or "paper_lr_ratio" not in s:  # the paper's protocol: declared by verdict-lr
+        return lines
+    base_lr = paper_protocol_lr(method_lr, finite, s["paper_lr_ratio"])
+    p = pair((method, method_lr), (baseline, base_lr))
+    base_mean = mean_std([picked[(baseline, base_lr, seed)] for seed in seeds])[0]
+    lines += ["", f"The paper's protocol at this scale: {method} at its selected lr {method_lr:g} - {baseline} at "
+              f"{base_lr:g} (the lr it tried nearest to 1/{s['paper_lr_ratio']:g} of it): Δ {p['mean']:+.4f} nats "
+              f"({p['mean'] / base_mean:+.2%} of {baseline}'s {base_mean:.4f}), {s['confidence']:.0%} interval "
+              f"{interval_text(p)}, {p['n']} pairs. The paper reports -1.24% to -2.40% in this sign (negative: lower "
+              "loss)."]
+    return lines
+
+
+def lr_means_rows(picked: dict, arm: str, seeds: list[int]) -> list[dict]:
+    """The lrs where every selection run of the arm ended finite, as rows {lr, mean}."""
+    return [{"lr": lr, "mean": m} for lr, m in lr_means(picked, arm, seeds).items() if m is not None]
