@@ -35,6 +35,11 @@ def time_steps(layers: int, width: int, threads: int, steps: int, start=None) ->
     x, y = torch.randint(0, VOCAB, (BATCH, BLOCK)), torch.randint(0, VOCAB, (BATCH, BLOCK))
     if start is not None:
         start.wait()
+    return median_step(model, optimizer, x, y, steps)
+
+
+def median_step(model, optimizer, x, y, steps: int) -> float:
+    """Median seconds of a full training step (forward, backward, optimizer) after the first few (warmup)."""
     times = []
     for _ in range(steps):
         began = time.perf_counter()

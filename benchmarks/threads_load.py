@@ -14,10 +14,11 @@ The busy process is a one-thread Python loop. Run it on an otherwise idle machin
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+from threads import median_step  # benchmarks/threads.py, beside this script
 
 CELLS = [  # (label, threads: "auto" | N, OMP_WAIT_POLICY or None, beside a busy core)
     ("idle, 1 thread", "1", None, False),
@@ -58,15 +59,7 @@ def worker(shape: str, threads: str, steps: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     batch, block, vocab = config.train.batch_size, config.model.block_size, config.model.vocab_size
     x, y = torch.randint(0, vocab, (batch, block)), torch.randint(0, vocab, (batch, block))
-    times = []
-    for _ in range(steps):
-        began = time.perf_counter()
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - began)
-    print(json.dumps({"threads": chosen, "seconds": statistics.median(times[min(5, steps // 2):])}))
+    print(json.dumps({"threads": chosen, "seconds": median_step(model, optimizer, x, y, steps)}))
 
 
 def cell(shape: str, threads: str, policy: str | None, steps: int) -> dict:
