@@ -72,7 +72,7 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from nlq.config import update
-    from nlq.overrides import layered, load_config, parse_overrides
+    from nlq.overrides import layered, load_config, merge_changes, parse_overrides
     from nlq.training.trainer import train
 
     saved = Path(args.out) / "config.json"
@@ -84,10 +84,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
         from nlq.interop.load import SHAPE_FIELDS, source_weights
 
         fields = source_weights(config.train.init_from)[0]  # the source's shape; explicit overrides still win
-        raw = {"model": {k: fields[k] for k in SHAPE_FIELDS if k in fields}}
-        for section, values in parse_overrides(overrides).items():  # in one update: checked together
-            raw.setdefault(section, {}).update(values)
-        config = update(config, raw)
+        shape = {"model": {k: fields[k] for k in SHAPE_FIELDS if k in fields}}
+        config = update(config, merge_changes(shape, parse_overrides(overrides)))  # in one update: checked together
     if args.data:
         config = update(config, {"data": {"dir": str(Path(args.data).resolve())}})
     train(config, args.out, resume=args.resume)

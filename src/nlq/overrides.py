@@ -123,3 +123,17 @@ def describe_fields(config: RunConfig | None = None) -> list[str]:
     for section in SECTIONS:
         visit(getattr(config, section), section)
     return lines
+
+
+def merge_changes(*changes: dict) -> dict:
+    """Nested {section: {field: value}} changes in one dict, each later one on top of those before (a new dict: the
+    inputs are not changed). The one merge of config changes: a study's run deltas, nlq train's shape of a source
+    checkpoint under the command line's overrides."""
+    out: dict = {}
+    for change in changes:
+        for section, values in change.items():
+            if isinstance(values, dict):
+                out[section] = {**out.get(section, {}), **values}
+            else:
+                out[section] = values
+    return out

@@ -22,13 +22,14 @@ import numpy as np
 
 from nlq.config import RunConfig, update
 from nlq.fileio import atomic_write, read_json
+from nlq.overrides import merge_changes
 from nlq.presets import get_preset
 from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
-from nlq.studies.wsd import budget_steps, chain_tokens, merged, wsd_chain
+from nlq.studies.wsd import budget_steps, chain_tokens, wsd_chain
 
 VARIANTS = [LINEAR, NONLINEAR, MLP_4_75]
 # width -> model shape, budgets in tokens per non-embedding parameter, lrs to sweep, the sweep's budget
@@ -57,7 +58,7 @@ def sweep_runs(study: Study) -> list[Run]:
     runs = []
     for width, spec in study.settings["widths"].items():
         steps = budget_steps(study.base, spec["shape"], spec["sweep_tpp"])
-        changes = merged({"model": dict(spec["shape"])}, {"train": {"max_steps": steps, "eval_every": steps}})
+        changes = merge_changes({"model": dict(spec["shape"])}, {"train": {"max_steps": steps, "eval_every": steps}})
         for lr in spec["lrs"]:
             for variant in study.variants:
                 runs.append(Run(study, variant, study.settings["sweep_seed"], lr, changes, tag=f"sweep-{width}",

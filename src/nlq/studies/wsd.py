@@ -15,6 +15,7 @@ import torch
 from nlq.config import RunConfig, update
 from nlq.errors import UserError
 from nlq.model import Transformer
+from nlq.overrides import merge_changes
 from nlq.schedule import cooldown_start
 from nlq.studies.design import Run, Study, Variant
 
@@ -54,14 +55,6 @@ def budget_steps(config: RunConfig, shape: dict, tpp: float) -> int:
     return max(1, round(tpp * non_embedding_parameters(linear) / tokens_per_step))
 
 
-def merged(raw: dict, more: dict) -> dict:
-    """Nested {section: {field: value}} changes with `more` applied on top (a copy)."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-    for section, values in more.items():
-        out.setdefault(section, {}).update(values)
-    return out
-
-
 def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, width: str, shape: dict,
               budgets_tpp: list[float], lr: float, min_lr: float, branch: dict | None = None,
               lr_in_name: bool = False) -> list[list[Run]]:
@@ -83,14 +76,14 @@ def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, wid
         level = []
         start = cooldown_start(update(study.base, {"train": {"max_steps": budget}}).train)
         if start > 0:
-            level.append(Run(study, variant, seed, named_lr, merged(common, {"train": {
+            level.append(Run(study, variant, seed, named_lr, merge_changes(common, {"train": {
                 "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
                 "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
                 labels={"stage": "stable", "width": width}, group=stable.name))
         changes = {"max_steps": budget, "eval_every": budget}
         if start > 0:
             changes["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
-        level.append(Run(study, variant, seed, named_lr, merged(merged(common, {"train": changes}), branch or {}),
+        level.append(Run(study, variant, seed, named_lr, merge_changes(common, {"train": changes}, branch or {}),
                          tag=f"{width}-tpp{tpp:g}", labels={"stage": "budget", "width": width, "tpp": tpp,
                                                             "steps": budget},
                          group=stable.name))
