@@ -222,3 +222,16 @@ def test_the_mnist1d_table_quotes_the_committed_runs():
     assert row in (ROOT / "docs" / "RESULTS.md").read_text()
     best = max(summary["selection"], key=lambda r: (r["accuracy"], -r["lr"], -r["steps"]))
     assert summary["selected"] == {"lr": best["lr"], "steps": best["steps"]}
+
+
+def test_the_sequential_replay_prints_the_table_results_md_quotes():
+    """Every replayed comparison's row (stopping look, interval, decision, chains saved) as the page shows it, and
+    each one's decision equal to the fixed design's."""
+    out = run("replaying_the_committed_decisions.py", "--sims", "0")
+    rows = [line for line in out.splitlines() if line.startswith("| verdict")]
+    assert len(rows) == 6
+    quoted = RESULTS_MD.read_text()
+    for row in rows:
+        assert row in quoted, row
+        cells = [c.strip() for c in row.split("|")]
+        assert cells[6] == cells[7]  # the sequential decision is the fixed design's
