@@ -29,14 +29,14 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from nlq.studies.sequential import spending_bounds
+from nlq.studies.sequential import look, nominal_levels, spending_bounds
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 ALPHA, SPENDING, MARGIN = 0.05, "obf", 0.037
 
 
 def nominal(looks: list[int]) -> list[float]:
-    return [float(2 * stats.norm.sf(c)) for c in spending_bounds(looks, ALPHA, SPENDING)]
+    return nominal_levels(looks, ALPHA, SPENDING)
 
 
 def words(low: float, high: float, margin: float) -> str:
@@ -49,17 +49,11 @@ def words(low: float, high: float, margin: float) -> str:
 
 def sequential(deltas: list[float], looks: list[int], margin: float) -> dict:
     """Where a design with these looks stops on these pairs (in order), and its words there."""
-    levels = nominal(looks)
-    for k, (n, p_k) in enumerate(zip(looks, levels)):
-        d = np.asarray(deltas[:n])
-        mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
-        half = float(stats.t.ppf(1 - p_k / 2, n - 1)) * se
-        p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
-        low, high = mean - half, mean + half
-        last = k == len(looks) - 1
-        if p <= p_k or (-margin < low and high < margin) or last:
-            return {"look": k + 1, "pairs": n, "mean": mean, "low": low, "high": high, "p": p, "level": p_k,
-                    "words": words(low, high, margin)}
+    for k in range(len(looks)):
+        at = look(deltas, k, looks, ALPHA, SPENDING, margin, stop_for_equivalence=True)
+        if at["action"] != "continue":
+            low, high = at["repeated"]
+            return at | {"low": low, "high": high, "words": words(low, high, margin)}
 
 
 def fixed(deltas: list[float], margin: float) -> str:

@@ -12,19 +12,22 @@ never trained: its selection and test endpoints are that study's. The report of 
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import torch
+from scipy import stats
 
 from nlq.config import update
 from nlq.errors import UserError
-from nlq.fileio import read_json
+from nlq.fileio import read_json, write_json
 from nlq.model import Transformer
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
 from nlq.studies.design import Run, Study
 from nlq.studies.plan import Plan
 from nlq.studies.selection import grid_step, lr_means
+from nlq.studies.sequential import look, operating, spending_bounds
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.wsd import chain_tokens, non_embedding_parameters, wsd_chain
 
@@ -114,6 +117,41 @@ def selected_lrs(study: Study, study_dir: Path):
     return chosen
 
 
+def sequential_test(study: Study, study_dir: Path, lrs: dict[str, list[float]]):
+    """The primary arms' test chains look by look (design.looks, in the registered seed order); after each look has
+    ended, the statistic (sequential.look) on its pairs, recorded in study_dir/sequential.json; at a crossed bound
+    no further test chain is trained (every shard computes the same from the same endpoints). Its return value (what
+    `yield from` gives) is the seeds the test used, on which the secondary arms then train."""
+    s, (baseline, method) = study.settings, study.settings["primary"]
+    done = 0
+    for k, n in enumerate(s["looks"]):
+        yield chains(study, study_dir, s["seeds"][done:n], lrs)
+        done, seeds = n, s["seeds"][:n]
+        ended = endpoints(study_dir, read_json(study_dir / "study.json", "the study's description"), seeds)
+        values = {(arm, seed): v for (arm, lr, seed), v in ended.items() if lr in lrs.get(arm, [])}
+        if any((arm, seed) not in values for arm in (baseline, method) for seed in seeds):
+            raise UserError(f"the test runs of look {k + 1} of {study.name} have not all ended; run the study again "
+                            "to finish them")
+        deltas = [values[(method, seed)] - values[(baseline, seed)] for seed in seeds
+                  if values[(method, seed)] is not None and values[(baseline, seed)] is not None]
+        at = look(deltas, k, s["looks"], 1 - s["confidence"], s.get("spending", "obf"), s["margin"],
+                  s.get("stop_for_equivalence", False))  # two-sided at 1 - confidence, as the fixed test
+        record_look(study_dir, at)
+        if at["action"] in ("difference", "equivalence"):
+            return seeds
+    return s["seeds"]
+
+
+def record_look(study_dir: Path, at: dict) -> None:
+    """Add a look's statistic and what it decided to study_dir/sequential.json (with the UTC time it was first
+    computed; a look computed again by another shard or a restart keeps its first record)."""
+    path = study_dir / "sequential.json"
+    looks = read_json(path, "the sequential test's record")["looks"] if path.is_file() else []
+    if all(entry["look"] != at["look"] for entry in looks):
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        write_json(path, {"looks": looks + [at | {"utc": stamp}]})
+
+
 def arms_text(study: Study) -> str:
     """Each arm's exact non-embedding parameter count at the design's shape, against the baseline's (for --dry-run),
     and where an arm is borrowed from."""
@@ -196,12 +234,33 @@ def power_text(s: dict) -> str:
     text = (f"power: {n} test pairs at the planning sd {sd:g} find a true Δ of {effect:g} with probability "
             f"{power:.2f} (paired t, {s['confidence']:.0%} interval) and show equivalence within ±{s['margin']:g} "
             f"with probability {power_equivalence(0.0, sd, n, s['margin'], s['alpha']):.2f} when the true Δ is 0")
+    if "looks" in s:
+        text += "\n" + sequential_text(s, effect, sd)
     wanted = s.get("planning_power")
     if wanted is not None and power < wanted:
         needed = pairs_needed(effect, sd, wanted, s["confidence"])
         text += (f"; below the declared planning_power {wanted:g}: " + (f"{needed} pairs would reach it" if needed
                                                                       else "no number of pairs reaches it"))
     return text
+
+
+def sequential_text(s: dict, effect: float, sd: float) -> str:
+    """A sequential design's bounds at each look and what it buys at the planning sd (normal approximation, the sd
+    taken as known): the overall alpha, the power to find the planning difference and the expected pairs, with no
+    difference and at that difference, stopping only for a difference."""
+    looks, spending, alpha = s["looks"], s.get("spending", "obf"), 1 - s["confidence"]
+    bounds = spending_bounds(looks, alpha, spending)
+    null, alt = operating(looks, bounds, 0.0), operating(looks, bounds, effect / sd)
+    at = "; ".join(f"after {n} pairs |z| >= {c:.4f} (nominal p <= {2 * stats.norm.sf(c):.5f})"
+                   for n, c in zip(looks, bounds))
+    equivalence = (" Stopping for equivalence (non-binding: the bounds keep their alpha whether or not it is used) "
+                   "ends some studies earlier still.") if s.get("stop_for_equivalence") else ""
+    return (f"sequential test ({spending} spending, two-sided {alpha:g}): {at}; overall alpha {null.reject:.4f}; "
+            f"power {alt.reject:.2f} to find Δ = {effect:g} at sd {sd:g} (the fixed design of {looks[-1]} pairs, "
+            f"the same approximation: {operating(looks[-1:], [stats.norm.isf(alpha / 2)], effect / sd).reject:.2f}; "
+            f"its t test: {power_paired_t(effect, sd, looks[-1], s['confidence']):.2f}); expected pairs "
+            f"{null.expected_pairs:.1f} "
+            f"with no difference and {alt.expected_pairs:.1f} at Δ = {effect:g}, of {looks[-1]}.{equivalence}")
 
 
 def plan_study(plan: Plan) -> Study:
@@ -216,10 +275,15 @@ def plan_study(plan: Plan) -> Study:
             chosen = yield from selected_lrs(study, study_dir)
         else:
             chosen = {v.name: s["lr"] for v in plan.arms}
+        tested = s["seeds"]
         for group in (s["primary"], s.get("secondary") or []):  # the primary arms' test runs first
             lrs = {arm: [chosen[arm]] for arm in group if chosen[arm] is not None}  # an arm out of every lr: no test
-            if set(lrs) - set(borrowed_arms(s)):
-                yield chains(study, study_dir, s["seeds"], lrs)
+            if not set(lrs) - set(borrowed_arms(s)):
+                continue
+            if group is s["primary"] and "looks" in s:  # a sequential test: look by look, until it stops
+                tested = yield from sequential_test(study, study_dir, lrs)
+            else:
+                yield chains(study, study_dir, tested, lrs)
 
     study.stages = stages
     return study

@@ -34,7 +34,8 @@ COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int,
           "planning_sd": float}
 FIXED_LR = {"lr": float, "min_lr": float}
 LR_GRID = {"lrs": list, "edge_factor": float, "max_extensions": int, "min_lr_ratio": float, "selection_seeds": list}
-OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_difference": float, "planning_power": float}
+OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_difference": float, "planning_power": float,
+            "looks": list, "spending": str, "stop_for_equivalence": bool}  # the last three: a sequential test
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def _design(design: dict, arms: list[str], fail) -> dict:
             fail(f"design.{key}", "is missing")
         value = design[key]
         kinds = kind if isinstance(kind, tuple) else (int, float) if kind is float else (kind,)
-        if isinstance(value, bool) or not isinstance(value, kinds):
+        if (isinstance(value, bool) != (kind is bool)) or not isinstance(value, kinds):
             wanted = kind.__name__ if isinstance(kind, type) and kind is not float else "a number"
             fail(f"design.{key}", f"is {value!r}; it must be {wanted}")
     _check_design(design, arms, grid, fail)
@@ -290,5 +291,25 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
                                             "arms, or \"interaction\" (with two secondary arms)")
     if len({json.dumps(m) for m in family}) < len(family):
         fail("design.secondary_family", "names a comparison twice; each once")
+    _check_looks(d, fail)
     if not grid and not (0 < d["lr"] < 10 and 0 <= d["min_lr"] <= d["lr"]):
         fail("design", f"needs lr > 0 and 0 <= min_lr <= lr (got {d['lr']!r}, {d['min_lr']!r})")
+
+
+def _check_looks(d: dict, fail) -> None:
+    """A sequential test: `looks` (increasing numbers of test pairs, the last all of design.seeds), `spending` and
+    `stop_for_equivalence` (which mean nothing without looks)."""
+    if "looks" not in d:
+        extra = [key for key in ("spending", "stop_for_equivalence") if key in d]
+        if extra:
+            fail(f"design.{extra[0]}", "belongs to a sequential test; give design.looks too (e.g. looks = [6, 10, 16])")
+        return
+    looks, n = d["looks"], len(d["seeds"])
+    ok = all(isinstance(k, int) and not isinstance(k, bool) for k in looks) and len(looks) >= 2
+    if not ok or looks != sorted(set(looks)) or looks[0] < 3 or looks[-1] != n:
+        fail("design.looks", f"is {looks!r}; give at least two increasing numbers of test pairs, the first at least 3 "
+                             f"and the last {n} (every test seed), e.g. [{max(3, n // 3)}, {n}]")
+    spending = d.get("spending", "obf")
+    rho = spending.split(":", 1)[1] if spending.startswith("power:") else None
+    if spending not in ("obf", "pocock") and not (rho and re.fullmatch(r"\d+(\.\d+)?", rho) and float(rho) > 0):
+        fail("design.spending", f"is {spending!r}; choose obf (O'Brien-Fleming type), pocock or power:RHO (RHO > 0)")

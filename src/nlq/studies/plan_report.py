@@ -24,6 +24,9 @@ from nlq.studies.plan_sections import (
     primary_facts,
     primary_section,
     secondary_family,
+    sequential_decision,
+    sequential_end,
+    test_seeds,
 )
 from nlq.studies.plan_selection import (
     borrowed_text,
@@ -72,18 +75,24 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
              f"{s['confidence']:.0%} paired t interval; the equivalence test (two one-sided t tests at "
              f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
              f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
-             f"inconclusive."] + arms_table(study_dir, runs, s) + [""]
-    pairs = pairs_of(loss, baseline, method, seeds, primary_tpp, s["endpoint"])
+             f"inconclusive."] + looks_text(s) + arms_table(study_dir, runs, s) + [""]
+    tested = test_seeds(study_dir, s) or seeds  # a sequential test: the seeds up to the look where it ended
+    pairs = pairs_of(loss, baseline, method, tested, primary_tpp, s["endpoint"])
     finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
     finished |= {v: len(pairs_of(loss, baseline, v, seeds, primary_tpp, s["endpoint"])) for v in s["secondary"]}
     outcome = {"registered_pairs": len(seeds), "finished_pairs": finished}
-    if len(pairs) < len(seeds):
+    if test_seeds(study_dir, s) is None:
+        lines += [running_text(study_dir, s), ""]
+        return write_outcome(study_dir, lines, outcome)
+    if len(pairs) < len(tested):
         lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it "
                   "shows.", ""]
         return write_outcome(study_dir, lines, outcome)
     decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method,
                       no_effect(study))
+    if "looks" in s:
+        decision = sequential_decision(decision, sequential_end(study_dir, s), s, method, no_effect(study))
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": primary_tpp, "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
@@ -106,6 +115,26 @@ def header(study: dict) -> list[str]:
             f"{'Examples' if meta.get('content_hash') else 'Corpus'}: `{meta.get('source')}`, content hash "
             f"`{str(meta.get('source_hash') or meta.get('content_hash'))[:16]}`. Code: "
             f"{code or 'not recorded'}.", ""]
+
+
+def looks_text(s: dict) -> list[str]:
+    """For a sequential test, its looks in words (nothing for a fixed design)."""
+    if "looks" not in s:
+        return []
+    equivalence = (" or when its repeated interval lies inside the margin (non-binding)"
+                   if s.get("stop_for_equivalence") else "")
+    return ["", f"Sequential: the primary pairs are looked at after {', '.join(map(str, s['looks']))} of them, in the "
+                f"registered seed order, with {s.get('spending', 'obf')} spending of the two-sided "
+                f"{1 - s['confidence']:g}; the test stops when the paired t test's p is at most the look's nominal "
+                f"level{equivalence}, and no further test chain is trained; the decision is the rule above read off "
+                "the repeated confidence interval where it ended."]
+
+
+def running_text(study_dir: Path, s: dict) -> str:
+    path = study_dir / "sequential.json"
+    done = len(read_json(path, "the sequential test's record").get("looks") or []) if path.is_file() else 0
+    return (f"{done} of {len(s['looks'])} looks of the sequential test have been computed and none has ended it. "
+            "Nothing of the test is shown before it ends.")
 
 
 def write_outcome(study_dir: Path, lines: list[str], outcome: dict) -> str:
@@ -159,17 +188,23 @@ def grid_report(study_dir: Path, study: dict) -> str:
             if r["seed"] in s["seeds"] and chosen[r["variant"]]["lr"] is not None
             and r["lr"] == chosen[r["variant"]]["lr"]}
     tested = endpoints(study_dir, study, s["seeds"])
-    pairs = pairs_of(loss, baseline, method, s["seeds"], s["primary_tpp"], s["endpoint"])
+    seeds = test_seeds(study_dir, s) or s["seeds"]  # a sequential test: the seeds up to the look where it ended
+    pairs = pairs_of(loss, baseline, method, seeds, s["primary_tpp"], s["endpoint"])
     diverged = sorted({seed for (arm, lr, seed), value in tested.items()
-                       if value is None and arm in s["primary"] and lr == chosen[arm]["lr"]})
+                       if value is None and arm in s["primary"] and lr == chosen[arm]["lr"] and seed in seeds})
     outcome["finished_pairs"] = {method: len(pairs)}
-    lines += ["", "## The test", ""]
-    if len(pairs) + len(diverged) < len(s["seeds"]):
+    lines += ["", "## The test", ""] + looks_text(s)
+    if test_seeds(study_dir, s) is None:
+        lines.append(running_text(study_dir, s))
+        return write_outcome(study_dir, lines, outcome)
+    if len(pairs) + len(diverged) < len(seeds):
         lines += [f"{len(pairs) + len(diverged)} of {len(s['seeds'])} test pairs have ended. The test is computed once "
                   "all have: no endpoint is shown before."]
         return write_outcome(study_dir, lines, outcome)
     decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method,
                       no_effect(study))
+    if "looks" in s:
+        decision = sequential_decision(decision, sequential_end(study_dir, s), s, method, no_effect(study))
     outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
                 "tokens_per_parameter": s["primary_tpp"], "margin": s["margin"],
                 "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}

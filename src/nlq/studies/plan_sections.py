@@ -9,7 +9,16 @@ from pathlib import Path
 
 from nlq.fileio import read_json
 from nlq.studies.engine import run_dir_of
-from nlq.studies.stats import decide, holm, mean_std, paired_difference, pairs_needed, power_paired_t, sd_interval
+from nlq.studies.stats import (
+    VERDICTS,
+    decide,
+    holm,
+    mean_std,
+    paired_difference,
+    pairs_needed,
+    power_paired_t,
+    sd_interval,
+)
 from nlq.studies.tables import interval_text
 
 
@@ -37,6 +46,8 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
              f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole {split_name(loss)} split "
              f"({len(pairs)} seeds);",
              realised_power(interval, s)]
+    if "sequential" in decision:
+        lines += sequential_lines(decision["sequential"], s)
     lines += one_pair_lines(facts["one_pair"], "the decision")
     if decision["verdict"] == "inconclusive":
         needed = pairs_needed(s["margin"], interval["sd"])
@@ -255,3 +266,45 @@ def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: flo
 
     return [(seed, value(baseline, seed), value(variant, seed)) for seed in seeds
             if value(baseline, seed) is not None and value(variant, seed) is not None]
+
+
+def sequential_end(study_dir: Path, s: dict) -> dict | None:
+    """A sequential test's last recorded look once the test has ended there (stopped at a bound, or the last look);
+    None while it runs (no endpoint is shown before). A plan without looks: None."""
+    path = study_dir / "sequential.json"
+    if "looks" not in s or not path.is_file():
+        return None
+    looks = read_json(path, "the sequential test's record").get("looks") or []
+    ended = [entry for entry in looks if entry.get("action") in ("difference", "equivalence", "end")]
+    return ended[0] if ended else None
+
+
+def test_seeds(study_dir: Path, s: dict) -> list[int] | None:
+    """The seeds the pre-registered test is computed on: every test seed, or for a sequential test those up to the
+    look where it ended (None while it runs)."""
+    if "looks" not in s:
+        return s["seeds"]
+    end = sequential_end(study_dir, s)
+    return None if end is None else s["seeds"][:s["looks"][end["look"] - 1]]
+
+
+def sequential_decision(decision: dict, end: dict, s: dict, method: str, no_effect_words: str) -> dict:
+    """The registered rule read off the repeated confidence interval at the look where the test ended (below 0:
+    better; above 0: worse; inside ±margin: equivalence; else inconclusive), replacing the fixed design's words;
+    the naive interval stays in decision["interval"], labelled as such in the report."""
+    low, high = end["repeated"]
+    key = "better" if high < 0 else "worse" if low > 0 else (
+        "equivalent" if -s["margin"] < low and high < s["margin"] else "inconclusive")
+    words = no_effect_words if key == "equivalent" else VERDICTS[key].replace("nonlinear", method)
+    return decision | {"verdict": key, "words": words, "sequential": end}
+
+
+def sequential_lines(end: dict, s: dict) -> list[str]:
+    stopped = {"difference": "stopped for a difference", "equivalence": "stopped for equivalence",
+               "end": "ran to its last look"}[end["action"]]
+    return [f"- sequential test ({s.get('spending', 'obf')} spending, looks after {', '.join(map(str, s['looks']))} "
+            f"pairs): {stopped} at look {end['look']} ({end['pairs']} pairs; t = {end['t']:+.3f}, p = {end['p']:.3g} "
+            f"against the look's nominal level {end['level']:.3g}); repeated confidence interval "
+            f"[{end['repeated'][0]:+.4f}, {end['repeated'][1]:+.4f}] (Jennison & Turnbull 1989: its coverage holds "
+            f"over every look together; the decision is read off it); the naive 95% interval "
+            f"[{end['naive'][0]:+.4f}, {end['naive'][1]:+.4f}] ignores the looks and is shown for comparison only;"]

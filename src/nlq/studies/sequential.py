@@ -138,3 +138,36 @@ def operating(looks: list[int], bounds: list[float], theta: float) -> Operating:
     stop = list(crossed[:-1]) + [1.0 - float(crossed[:-1].sum())]
     return Operating(theta, float(crossed.sum()), [float(p) for p in stop],
                      float(sum(n * p for n, p in zip(looks, stop))))
+
+
+def nominal_levels(looks: list[int], alpha: float, spending: str) -> list[float]:
+    """Each look's two-sided nominal level p_k = 2 (1 - Phi(c_k)): the bound as a p value, which a paired t test
+    with the sd estimated at that look is compared with (the significance-level approach for small samples)."""
+    return [float(2 * stats.norm.sf(c)) for c in spending_bounds(looks, alpha, spending)]
+
+
+def look(deltas: list[float], k: int, looks: list[int], alpha: float, spending: str, margin: float,
+         stop_for_equivalence: bool) -> dict:
+    """The statistic at look k (0-based) on the first looks[k] pairs and what it decides: 'difference' (the paired t
+    test's p at most the look's nominal level), 'equivalence' (the repeated confidence interval at that level inside
+    ±margin, when stopping for it is allowed), 'continue', or at the last look 'end'. With the repeated interval
+    (Jennison & Turnbull 1989: simultaneous coverage over the looks) and the naive t interval beside it."""
+    level = nominal_levels(looks, alpha, spending)[k]
+    d = np.asarray(deltas[:looks[k]], dtype=float)  # fewer where a pair left the test (a diverged run)
+    n = len(d)
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    se = sd / math.sqrt(n)
+    t = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
+    p = float(2 * stats.t.sf(abs(t), n - 1))
+    half = float(stats.t.ppf(1 - level / 2, n - 1)) * se
+    naive = float(stats.t.ppf(0.975, n - 1)) * se
+    low, high = mean - half, mean + half
+    if p <= level:
+        action = "difference"
+    elif stop_for_equivalence and -margin < low and high < margin:
+        action = "equivalence"
+    else:
+        action = "end" if k == len(looks) - 1 else "continue"
+    return {"look": k + 1, "pairs": n, "mean": mean, "sd": sd, "t": t, "p": p, "level": level,
+            "bound": float(stats.norm.isf(level / 2)), "repeated": [low, high], "naive": [mean - naive, mean + naive],
+            "action": action}
