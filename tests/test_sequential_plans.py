@@ -73,3 +73,40 @@ def test_a_sequential_plan_stops_at_a_look_when_the_arms_differ_and_runs_on_when
     trained = {json.loads(p.read_text())["train"]["seed"] for p in (out / "runs").glob("*tpp2*/config.json")}
     assert trained == {1, 2, 3, 4, 5, 6}
     assert "ran to its last look at look 2 (6 pairs" in (out / "report.md").read_text()
+
+
+def test_the_paper_plan_dry_runs_on_a_cpu_with_its_power_and_gpu_hours(tmp_path, capsys):
+    from nlq.cli import main
+
+    main(["study", "paper-gpt3-small", "--out", str(tmp_path / "study"), "--dry-run"])
+    out = capsys.readouterr().out
+    assert "arm linear: 84,953,856 non-embedding parameters at gpt3-small" in out
+    assert "at most 112 chains" in out and "cost on paper:" in out and "GPU-hours a chain on a H100" in out
+    assert "the sequential test's expected test GPU-hours" in out and "after 6 pairs |z| >= 3.4786" in out
+
+
+def test_the_paper_plans_runs_train_at_a_tiny_shape_on_local_data(byte_data, tmp_path):
+    """The plan's own arms, recipe and chain (a stable run and its cooldown branch), two steps each at a tiny shape
+    on the byte corpus, on the CPU: what the GPU study would run, shrunk."""
+    import tomllib
+
+    from nlq.studies.engine import plan_study
+    from nlq.studies.plan import SHIPPED
+    from nlq.training.trainer import train
+
+    raw = tomllib.loads((SHIPPED / "paper-gpt3-small.toml").read_text())
+    raw["base"]["model"] = {"vocab_size": 257, "block_size": 32}
+    raw["base"]["train"] |= {"device": "cpu", "dtype": "float32", "batch_size": 2, "batch_tokens": 64,
+                             "warmup_steps": 1}
+    raw["base"]["data"] = {"eval_windows": 2}
+    raw["design"] |= {"shape": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "budgets_tpp": [0.05],
+                      "primary_tpp": 0.05}
+    study = plan_study(read_plan(raw))
+    first = next(study.run_stages(tmp_path / "study"))
+    arms = {run.variant.name for run in first}
+    assert arms == {"linear", "nonlinear", "linear-qknorm", "nonlinear-qknorm"}
+    for run in first[:2]:  # the first chain: its stable run, then its branch from the stable run's checkpoint
+        config = run.config([], byte_data)
+        assert config.train.max_steps <= 4
+        summary = train(config, tmp_path / "study" / "runs" / run.name, quiet=True)
+        assert summary["val_loss"] > 0

@@ -10,6 +10,7 @@ from nlq.studies import frozen
 from nlq.studies.design import Study
 from nlq.studies.sharding import shard_indices
 from nlq.studies.study import steps_to_train
+from nlq.studies.wsd import step_tokens
 
 
 def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
@@ -44,7 +45,7 @@ def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None =
             steps = steps_to_train(study_dir / "runs" / stage[i].name, config)
             steps = max(0, min(steps, config.train.max_steps - planned.get(stage[i].name, 0)))
             planned[stage[i].name] = config.train.max_steps
-            tokens = steps * (config.train.batch_tokens or config.train.batch_size * config.model.block_size)
+            tokens = steps * step_tokens(config)
             total_runs, total_tokens = total_runs + 1, total_tokens + tokens
             lines.append(f"  {stage[i].name}: device {config.train.device}, {config.train.max_steps:,} steps at lr "
                          f"{config.train.lr:g}, {tokens:,} tokens to train")

@@ -29,7 +29,7 @@ from nlq.studies.plan import Plan
 from nlq.studies.selection import grid_step, lr_means
 from nlq.studies.sequential import look, operating, spending_bounds
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
-from nlq.studies.wsd import chain_tokens, non_embedding_parameters, wsd_chain
+from nlq.studies.wsd import chain_tokens, flops_per_token, non_embedding_parameters, wsd_chain
 
 
 def has_grid(settings: dict) -> bool:
@@ -186,6 +186,8 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     parts = "; ".join(f"{name} {n} chains ({n * per_chain / 1e9:.2f}G tokens)" for name, n in stages)
     text = (f"whole plan, every stage: {parts}; at most {chains} chains, {chains * per_chain / 1e9:.2f}G tokens "
             f"({per_chain:,} per chain)")
+    if "mfu" in s:
+        text += "\n" + gpu_hours_text(study, per_chain, stages)
     rates = sorted(r for r in _finished_rates(study_dir) if r > 0)
     if not rates:
         return text + "; hours: estimated once a run of it has finished here (its tokens/s)"
@@ -193,6 +195,30 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     hours = chains * per_chain / pace / shards / 3600
     return text + (f"; at the median {pace:,.0f} tokens/s of its {len(rates)} finished runs, at most {hours:.1f} h as "
                    f"{shards} shard{'s' if shards > 1 else ''}")
+
+
+def gpu_hours_text(study: Study, per_chain: int, stages: list[tuple[str, int]]) -> str:
+    """The plan's cost on paper (design.gpu, gpu_peak_tflops, mfu): GPU-hours of each stage at that MFU from the
+    training FLOPs per token of its arms at the design's shape, and for a sequential test the expected test chains
+    with no difference and at the planning difference (normal approximation; the secondary arms train the seeds
+    the test used)."""
+    s = study.settings
+    arms = [v for v in study.variants if v.name not in borrowed_arms(s)]
+    flops = sum(flops_per_token(update(update(study.base, v.changes), {"model": s["shape"]})) for v in arms) / len(arms)
+    hours = per_chain * flops / (s["mfu"] * s["gpu_peak_tflops"] * 1e12) / 3600  # one chain
+    parts = [f"{name} {n * hours:,.0f}" for name, n in stages]
+    text = (f"cost on paper: {flops:,.0f} training FLOPs per token, {hours:,.1f} GPU-hours a chain on a {s['gpu']} at "
+            f"{s['mfu']:.0%} of {s['gpu_peak_tflops']:g} TFLOP/s; GPU-hours: " + ", ".join(parts)
+            + f"; at most {sum(n for _, n in stages) * hours:,.0f}")
+    if "looks" in s:
+        test = dict(stages)["test"]
+        effect = s.get("planning_difference", s["margin"])
+        bounds = spending_bounds(s["looks"], 1 - s["confidence"], s.get("spending", "obf"))
+        share = [operating(s["looks"], bounds, theta).expected_pairs / s["looks"][-1]
+                 for theta in (0.0, effect / s["planning_sd"])]
+        text += (f"; the sequential test's expected test GPU-hours {test * share[0] * hours:,.0f} with no difference "
+                 f"and {test * share[1] * hours:,.0f} at Δ = {effect:g}, against {test * hours:,.0f} fixed")
+    return text
 
 
 def _finished_rates(study_dir: Path | None) -> list[float]:

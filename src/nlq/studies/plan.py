@@ -35,7 +35,8 @@ COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int,
 FIXED_LR = {"lr": float, "min_lr": float}
 LR_GRID = {"lrs": list, "edge_factor": float, "max_extensions": int, "min_lr_ratio": float, "selection_seeds": list}
 OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_difference": float, "planning_power": float,
-            "looks": list, "spending": str, "stop_for_equivalence": bool}  # the last three: a sequential test
+            "looks": list, "spending": str, "stop_for_equivalence": bool,  # a sequential test
+            "gpu": str, "gpu_peak_tflops": float, "mfu": float}  # the cost on paper: GPU-hours at this MFU
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,10 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
     if len({json.dumps(m) for m in family}) < len(family):
         fail("design.secondary_family", "names a comparison twice; each once")
     _check_looks(d, fail)
+    cost = [key for key in ("gpu", "gpu_peak_tflops", "mfu") if key in d]
+    if cost and (len(cost) < 3 or not 0 < d["mfu"] <= 1 or not 0 < d["gpu_peak_tflops"] < 1e6):
+        fail("design.mfu", "needs gpu (a name), gpu_peak_tflops (> 0) and mfu (in (0, 1]) together, e.g. gpu = "
+                           "\"H100 SXM\", gpu_peak_tflops = 989, mfu = 0.4")
     if not grid and not (0 < d["lr"] < 10 and 0 <= d["min_lr"] <= d["lr"]):
         fail("design", f"needs lr > 0 and 0 <= min_lr <= lr (got {d['lr']!r}, {d['min_lr']!r})")
 

@@ -29,7 +29,7 @@ from nlq.studies.plots import plt, save_figure
 from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
-from nlq.studies.wsd import budget_steps, chain_tokens, wsd_chain
+from nlq.studies.wsd import budget_steps, chain_tokens, step_tokens, wsd_chain
 
 VARIANTS = [LINEAR, NONLINEAR, MLP_4_75]
 # width -> model shape, budgets in tokens per non-embedding parameter, lrs to sweep, the sweep's budget
@@ -113,7 +113,7 @@ def planned_tokens(widths: dict = WIDTHS, seeds: list[int] = SEEDS, variants: in
     config, total = base(), 0
     for spec in widths.values():
         steps = budget_steps(config, spec["shape"], spec["sweep_tpp"])
-        sweep = steps * config.train.batch_size * config.model.block_size
+        sweep = steps * step_tokens(config)
         total += len(spec["lrs"]) * variants * sweep
         total += len(seeds) * variants * chain_tokens(config, spec["shape"], spec["budgets"])
     return total

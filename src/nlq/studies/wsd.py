@@ -51,8 +51,12 @@ def budget_steps(config: RunConfig, shape: dict, tpp: float) -> int:
     """Steps for tpp tokens per non-embedding parameter of the linear model of this shape (every variant of a
     shape gets the same tokens)."""
     linear = update(config, {"model": dict(shape, query="linear", mlp_ratio=4.0)})
-    tokens_per_step = config.train.batch_size * config.model.block_size
-    return max(1, round(tpp * non_embedding_parameters(linear) / tokens_per_step))
+    return max(1, round(tpp * non_embedding_parameters(linear) / step_tokens(config)))
+
+
+def step_tokens(config: RunConfig) -> int:
+    """Training tokens per optimizer step: train.batch_tokens where set (gradient accumulation), else one batch."""
+    return config.train.batch_tokens or config.train.batch_size * config.model.block_size
 
 
 def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, width: str, shape: dict,
@@ -95,4 +99,4 @@ def chain_tokens(config: RunConfig, shape: dict, budgets_tpp: list[float]) -> in
     """Training tokens of one chain: the longest stable run plus every budget's cooldown."""
     ends = [budget_steps(config, shape, t) for t in budgets_tpp]
     starts = [cooldown_start(update(config, {"train": {"max_steps": e}}).train) for e in ends]
-    return (max(starts) + sum(e - s for s, e in zip(starts, ends))) * config.train.batch_size * config.model.block_size
+    return (max(starts) + sum(e - s for s, e in zip(starts, ends))) * step_tokens(config)
