@@ -150,7 +150,7 @@ def memory(chunk: int) -> dict:
 
 def cuda_head(rows: int, chunk: int, rounds: int) -> dict:
     """Plain, chunked and liger at the GPT-3-small head on the GPU, fp32 and bf16 autocast."""
-    from nlq.model import head_loss
+    from nlq.components import head_loss
 
     device = torch.device("cuda")
     d, vocab = 768, 50304

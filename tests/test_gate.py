@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from helpers import tiny_model_config, tiny_run_config
+from nlq.components import KVCache
 from nlq.config import ModelConfig
 from nlq.errors import ConfigError
-from nlq.model import KVCache, Transformer, rotary_tables
+from nlq.model import Transformer, rotary_tables
 
 GATES = ["elementwise", "headwise"]
 

@@ -138,7 +138,7 @@ CACHE_CASES = {
 def test_a_kv_cache_fed_in_pieces_gives_the_logits_of_the_whole_sequence(changes):
     """Feeding 5, then 1, 3, 1 and 6 tokens through a cache (every later piece attends to all before it, at the
     positions after them) equals one forward over the 16 tokens; a wrong offset or mask would differ by 1e-2."""
-    from nlq.model import KVCache
+    from nlq.components import KVCache
 
     model = Transformer(tiny_model_config(**changes), seed=1).eval()
     idx = torch.randint(0, 97, (3, 16))
@@ -152,7 +152,7 @@ def test_a_kv_cache_fed_in_pieces_gives_the_logits_of_the_whole_sequence(changes
 
 
 def test_a_kv_cache_refuses_what_it_cannot_serve():
-    from nlq.model import KVCache
+    from nlq.components import KVCache
 
     decoder, encoder = Transformer(tiny_model_config()), Transformer(tiny_model_config(causal=False))
     cache = KVCache(2)
@@ -170,7 +170,7 @@ def test_a_kv_cache_with_left_padding_gives_the_logits_of_the_padded_sequence(ch
     """Left-padded rows (0, 3 and 5 pads) fed through a cache in pieces of 2, 5, 1 and 4 tokens, the padding mask
     spanning the cached tokens and the new ones, give the real tokens the logits of one padded forward over all 12,
     and each row's real tokens the logits of that row alone (positions counted from its first real token)."""
-    from nlq.model import KVCache
+    from nlq.components import KVCache
 
     model = Transformer(tiny_model_config(**changes), seed=3).eval()
     idx = torch.randint(0, 97, (3, 12))

@@ -5,10 +5,10 @@ they do not; its report reads the decision off the repeated interval, the naive 
 import json
 
 import pytest
-from test_plans import plan_text, to_toml
 
 from nlq.errors import UserError
 from nlq.studies.plan import load_plan, read_plan
+from test_plans import plan_text, to_toml
 
 
 def sequential_plan(tmp_path, arms: list[dict], **design):
@@ -51,7 +51,8 @@ def test_the_dry_run_prints_each_looks_bound_and_what_the_design_buys(tmp_path):
 def test_a_sequential_plan_stops_at_a_look_when_the_arms_differ_and_runs_on_when_they_do_not(byte_data, tmp_path):
     from nlq.cli import main
 
-    frozen_arm = {"name": "mine", "model": {"query": "linear"}, "train": {"warmup_steps": 100000}}  # lr ~ 0: no learning
+    # lr about 0 throughout (a warmup far longer than the run): this arm does not learn
+    frozen_arm = {"name": "mine", "model": {"query": "linear"}, "train": {"warmup_steps": 100000}}
     differ = sequential_plan(tmp_path / "a", [{"name": "linear", "model": {"query": "linear"}}, frozen_arm])
     out = tmp_path / "differ"
     main(["study", str(differ), "--out", str(out), "--data", str(byte_data)])

@@ -1,14 +1,20 @@
-"""The parts an encoder classifier puts around the Transformer's blocks (model.classes > 0), kept beside model.py so
-that it stays one readable Transformer: a patch stem that turns a signal or an image into tokens, and a class head
-that turns the tokens into class logits. ViT's recipe, for 1-D signals (MNIST-1D) and 2-D images (digits, CIFAR).
+"""The parts around the Transformer's blocks, kept beside model.py so that it stays one readable Transformer: for an
+encoder classifier (model.classes > 0) a patch stem that turns a signal or an image into tokens and a class head that
+turns the tokens into class logits (ViT's recipe, for 1-D signals such as MNIST-1D and 2-D images such as digits
+or CIFAR); for a language model the LM head's loss without the logits (chunked or Liger-Kernel's fused kernel)
+and the KV cache of incremental decoding.
 """
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nlq.config import ModelConfig
+from nlq.errors import UserError
 
 
 class PatchStem(nn.Module):
@@ -60,3 +66,62 @@ def check_input(x: torch.Tensor, cfg: ModelConfig) -> None:
     if x.dim() != len(expected) + 1 or tuple(x.shape[1:]) != expected or not x.is_floating_point():
         raise ValueError(f"a classifier of model.input_dims={cfg.input_dims} takes float inputs (batch, "
                          f"{', '.join(map(str, expected))}); got {x.dtype} {tuple(x.shape)}")
+
+
+def check_loss_impl(impl: str, device: torch.device) -> None:
+    """A one-line error where the loss impl cannot run on this device with this install (plain always can)."""
+    if impl == "chunked" and not hasattr(F, "linear_cross_entropy"):
+        raise UserError(f"train.loss_impl=chunked needs torch >= 2.13 (F.linear_cross_entropy); this is torch "
+                        f"{torch.__version__}: upgrade torch or use train.loss_impl=plain")
+    if impl == "liger" and device.type != "cuda":
+        raise UserError(f"train.loss_impl=liger is Liger-Kernel's CUDA kernel and this run is on {device.type}; use "
+                        f"train.loss_impl=chunked (PyTorch's own) there")
+    if impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        raise UserError("train.loss_impl=liger needs Liger-Kernel: pip install 'nlq[liger]' (or liger-kernel)")
+
+
+def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, impl: str,
+              chunk: int) -> torch.Tensor:
+    """Mean cross-entropy of hidden (N, C) @ weight (V, C).T against targets (N,), without storing the (N, V)
+    logits: "chunked" is PyTorch's own F.linear_cross_entropy over chunks of rows; "liger" is Liger-Kernel's fused
+    kernel (CUDA only; pip install liger-kernel)."""
+    check_loss_impl(impl, hidden.device)
+    if impl == "chunked":
+        return F.linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index,
+                                      options=torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk))
+    if impl == "liger":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        return LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index)(weight, hidden, targets)
+    raise ValueError(f"loss_impl={impl!r} is not one of plain, chunked, liger")
+
+
+class LayerCache:
+    """One layer's keys and values (B, n_kv_head, T, hs) of the tokens seen so far, after QK-norm and rotary."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.size(2)
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new tokens' keys and values; returns all of them."""
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding (generate.py): Transformer.forward(idx, cache=c)
+    reads the tokens before idx from c, appends idx's own, and places idx at the positions after them."""
+
+    def __init__(self, n_layer: int):
+        self.layers = [LayerCache() for _ in range(n_layer)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length

@@ -6,8 +6,9 @@ import os
 
 import torch
 
+from nlq.components import KVCache
 from nlq.errors import UserError
-from nlq.model import KVCache, Transformer
+from nlq.model import Transformer
 
 
 def check_sampling_memory(model: Transformer, rows: int, prompt: int, new: int) -> None:

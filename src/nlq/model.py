@@ -4,23 +4,22 @@ The research axis is which projection (projections.py) computes the query — an
 key, value and attention output. Keys and values default to one linear d -> 2 d_kv projection.
 LLaMA-style options: QK-norm, rotary positions, grouped-query attention; a KV cache for incremental decoding.
 
-lines: the whole model stays in this one file, as nanoGPT keeps it: it reads top to bottom, and `nlq export`
-ships it as it is into a Hugging Face directory (interop/remote), where the exported model runs this very code.
+The whole model stays in this one file, as nanoGPT keeps it: it reads top to bottom, and `nlq export` ships it as it
+is (with components.py: the classifier's stem and head, the LM head's loss, the KV cache) into a Hugging Face directory
+(interop/remote), where the exported model runs this very code.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nlq.components import ClassHead, PatchStem, check_input
+from nlq.components import ClassHead, KVCache, LayerCache, PatchStem, check_input, head_loss
 from nlq.config import ModelConfig
-from nlq.errors import UserError
 from nlq.projections import build_projection
 
 
@@ -37,37 +36,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     x1, x2 = x[..., :half], x[..., half:]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-class LayerCache:
-    """One layer's keys and values (B, n_kv_head, T, hs) of the tokens seen so far, after QK-norm and rotary."""
-
-    def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the new tokens' keys and values; returns all of them."""
-        if self.k is not None:
-            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
-        self.k, self.v = k, v
-        return k, v
-
-
-class KVCache:
-    """Keys and values of every layer for incremental decoding (generate.py): Transformer.forward(idx, cache=c)
-    reads the tokens before idx from c, appends idx's own, and places idx at the positions after them."""
-
-    def __init__(self, n_layer: int):
-        self.layers = [LayerCache() for _ in range(n_layer)]
-
-    @property
-    def length(self) -> int:
-        return self.layers[0].length
 
 
 class Attention(nn.Module):
@@ -214,34 +182,6 @@ class Block(nn.Module):
                 cache: LayerCache | None = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), attn_mask, rotary, cache)
         return x + self.mlp(self.ln_2(x))
-
-
-def check_loss_impl(impl: str, device: torch.device) -> None:
-    """A one-line error where the loss impl cannot run on this device with this install (plain always can)."""
-    if impl == "chunked" and not hasattr(F, "linear_cross_entropy"):
-        raise UserError(f"train.loss_impl=chunked needs torch >= 2.13 (F.linear_cross_entropy); this is torch "
-                        f"{torch.__version__}: upgrade torch or use train.loss_impl=plain")
-    if impl == "liger" and device.type != "cuda":
-        raise UserError(f"train.loss_impl=liger is Liger-Kernel's CUDA kernel and this run is on {device.type}; use "
-                        f"train.loss_impl=chunked (PyTorch's own) there")
-    if impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
-        raise UserError("train.loss_impl=liger needs Liger-Kernel: pip install 'nlq[liger]' (or liger-kernel)")
-
-
-def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, impl: str,
-              chunk: int) -> torch.Tensor:
-    """Mean cross-entropy of hidden (N, C) @ weight (V, C).T against targets (N,), without storing the (N, V)
-    logits: "chunked" is PyTorch's own F.linear_cross_entropy over chunks of rows; "liger" is Liger-Kernel's fused
-    kernel (CUDA only; pip install liger-kernel)."""
-    check_loss_impl(impl, hidden.device)
-    if impl == "chunked":
-        return F.linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index,
-                                      options=torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk))
-    if impl == "liger":
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
-        return LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index)(weight, hidden, targets)
-    raise ValueError(f"loss_impl={impl!r} is not one of plain, chunked, liger")
 
 
 class Transformer(nn.Module):

@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nlq.components import check_loss_impl
 from nlq.config import RunConfig, TrainConfig, update
 from nlq.data.batches import IGNORE
 from nlq.errors import Diverged, PeerFailure, UserError
 from nlq.fileio import remove_stale
 from nlq.interop.load import load_initial_weights
 from nlq.lock import directory_lock
-from nlq.model import Transformer, check_loss_impl
+from nlq.model import Transformer
 from nlq.projections import check_own_code, own_sources
 from nlq.provenance import code_version, tensor_hash, utc_now
 from nlq.runs import checkpoint as ckpt
