@@ -7,20 +7,17 @@ registries in projections.py. `update` applies nested {section: {field: value}} 
 overrides.py reads them from files and from --section.field=value arguments. Every field carries its help text
 (`setting`), which `nlq train --help` prints.
 
-lines: every field, its help and its checks live in one module, so --help and validation read one place.
+The machinery of a typed field (its help, choices, conversion) is fields.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import reprlib
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from nlq.errors import ConfigError
+from nlq.fields import convert_value, field_types, literal_choices, setting, short_repr
 from nlq.projections import ACTIVATION_MODULES, BUILT_IN, OWN_HINT, PROJECTIONS
 
 BUILT_IN_SORTED = sorted(BUILT_IN)
@@ -36,16 +33,6 @@ def _one_of(section: str, name: str, value: Any, choices: tuple, hint: str = "")
                              + (f" ({hint})" if hint else ""))
 
 
-def literal_choices(annotation: Any) -> tuple | None:
-    """The values of a Literal[...] field type (also inside Optional), else None."""
-    if typing.get_origin(annotation) is Literal:
-        return typing.get_args(annotation)
-    for arg in typing.get_args(annotation):
-        if typing.get_origin(arg) is Literal:
-            return typing.get_args(arg)
-    return None
-
-
 def _check_literals(section: Any, prefix: str) -> None:
     """Every Literal-typed field of a section holds one of its values."""
     hints = field_types(type(section))
@@ -53,18 +40,6 @@ def _check_literals(section: Any, prefix: str) -> None:
         choices = literal_choices(hints[f.name])
         if choices is not None:
             _one_of(prefix, f.name, getattr(section, f.name), choices)
-
-
-def setting(default: Any, help: str) -> Any:
-    """A config field with its help text (printed by `nlq train --help`); a dataclass default becomes its factory."""
-    if isinstance(default, type):
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-def field_help(section_cls: type) -> dict[str, str]:
-    """The help text of each field of a config section."""
-    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(section_cls)}
 
 
 @dataclass
@@ -347,75 +322,6 @@ class RunConfig:
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
-def field_types(section_cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(section_cls)
-
-
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
-INT_MAX = 2**63 - 1  # what torch and numpy hold; a larger step count or size is a typo
-
-
-def short_repr(value: Any) -> str:
-    """repr for an error message, bounded however large or deeply nested (a YAML alias bomb) the value is."""
-    return _SHORT.repr(value)
-
-
-def _convert(key: str, value: Any, annotation: Any) -> Any:
-    """Convert a raw value (a command-line string, or a YAML/TOML scalar) to the field's declared type."""
-    args = typing.get_args(annotation)
-    optional = (typing.get_origin(annotation) in (typing.Union, types.UnionType)) and type(None) in args
-    if optional:
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        annotation = next(a for a in args if a is not type(None))
-    if literal_choices(annotation) is not None:  # a choice: checked against its values by the section
-        annotation = type(literal_choices(annotation)[0])
-    expected = annotation.__name__
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
-    elif annotation is int:
-        number = None
-        if isinstance(value, int) and not isinstance(value, bool):
-            number = value
-        elif isinstance(value, str):
-            try:
-                number = int(value.replace("_", ""))
-            except ValueError:
-                try:  # allow 1e6 when it is a whole number
-                    as_float = float(value)
-                    if as_float.is_integer():
-                        number = int(as_float)
-                except (ValueError, OverflowError):
-                    pass
-        if number is not None:
-            if abs(number) > INT_MAX:
-                raise ConfigError(f"{key}={short_repr(value)} is out of range (at most {INT_MAX:,})")
-            return number
-    elif annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)  # YAML's .inf and .nan are as wrong as the command line's
-        if isinstance(value, str):
-            try:
-                number = float(value)
-                if math.isfinite(number):
-                    return number
-            except ValueError:
-                pass
-    elif annotation is str:
-        if isinstance(value, str):
-            return value
-    elif annotation is dict:  # options of one's own: a table of scalars, converted by whoever reads them
-        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (str, int, float, bool))
-                                           for k, v in value.items()):
-            return dict(value)
-        expected = "table of option = value (numbers, text or true/false)"
-    raise ConfigError(f"{key}={short_repr(value)} is not a valid {expected}")
-
-
 def _update_section(current: Any, values: dict, prefix: str) -> Any:
     """A copy of one config dataclass with values applied; nested dataclasses (model.projections) recurse."""
     if not isinstance(values, dict):
@@ -428,7 +334,7 @@ def _update_section(current: Any, values: dict, prefix: str) -> Any:
         if dataclasses.is_dataclass(types_[name]):
             changes[name] = _update_section(getattr(current, name), value, f"{prefix}.{name}")
         else:
-            changes[name] = _convert(f"{prefix}.{name}", value, types_[name])
+            changes[name] = convert_value(f"{prefix}.{name}", value, types_[name])
     return dataclasses.replace(current, **changes)
 
 

@@ -4,9 +4,9 @@ The research axis is which projection (projections.py) computes the query — an
 key, value and attention output. Keys and values default to one linear d -> 2 d_kv projection.
 LLaMA-style options: QK-norm, rotary positions, grouped-query attention; a KV cache for incremental decoding.
 
-The whole model stays in this one file, as nanoGPT keeps it: it reads top to bottom, and `nlq export` ships it as it
-is (with components.py: the classifier's stem and head, the LM head's loss, the KV cache) into a Hugging Face directory
-(interop/remote), where the exported model runs this very code.
+lines: the whole model stays in this one file, as nanoGPT keeps it: it reads top to bottom, and `nlq export`
+ships it as it is (with components.py: the classifier's stem and head, the LM head's loss, the KV cache) into a
+Hugging Face directory (interop/remote), where the exported model runs this very code.
 """
 
 from __future__ import annotations

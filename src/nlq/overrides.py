@@ -8,8 +8,9 @@ import json
 import typing
 from pathlib import Path
 
-from nlq.config import SECTIONS, RunConfig, field_help, field_types, literal_choices, update
+from nlq.config import SECTIONS, RunConfig, update
 from nlq.errors import ConfigError
+from nlq.fields import field_help, field_types, literal_choices
 from nlq.projections import ACTIVATION_MODULES, PROJECTIONS
 
 

@@ -33,8 +33,9 @@ from nlq.projections import BUILT_IN, own_sources
 from nlq.runs.checkpoint import resolve_checkpoint
 from nlq.runs.rundir import load_model, run_dir_of, tokenizer_folder
 
-SHIPPED_SOURCES = {"nlq_errors.py": "errors.py", "nlq_config.py": "config.py", "nlq_projections.py": "projections.py",
-                   "nlq_components.py": "components.py", "nlq_model.py": "model.py"}
+SHIPPED_SOURCES = {"nlq_errors.py": "errors.py", "nlq_fields.py": "fields.py", "nlq_config.py": "config.py",
+                   "nlq_projections.py": "projections.py", "nlq_components.py": "components.py",
+                   "nlq_model.py": "model.py"}
 EXPORT_MARK = "nlq_export.json"  # what makes a directory an nlq export, which --overwrite may replace
 EOT = "<|endoftext|>"
 MASK = "<|mask|>"

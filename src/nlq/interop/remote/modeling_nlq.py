@@ -15,6 +15,7 @@ from .configuration_nlq import NlqConfig
 from .nlq_components import ClassHead  # noqa: F401
 from .nlq_config import ModelConfig, ProjectionsConfig
 from .nlq_errors import UserError  # noqa: F401
+from .nlq_fields import setting  # noqa: F401
 from .nlq_model import Transformer, rotary_tables
 from .nlq_projections import build_projection  # noqa: F401
 
