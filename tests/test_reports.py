@@ -42,6 +42,11 @@ def test_comparison_report_reads_truncated_metrics_and_adjusts_over_the_variants
                            "variants": [{"name": v} for v in ("linear", "nonlinear", "identity")]}, runs)
     markdown = build_report(tmp_path)
     assert "Holm-adjusted over the 2 variants" in markdown
+    result = json.loads((tmp_path / "result.json").read_text())  # the numbers, without parsing the Markdown
+    paired = result["paired"]
+    assert paired["nonlinear"]["mean"] == pytest.approx(-0.1) and paired["identity"]["mean"] == pytest.approx(0.1)
+    assert paired["nonlinear"]["verdict"] == "better" and paired["identity"]["verdict"] == "worse"
+    assert [row["variant"] for row in result["variants"]] == ["linear", "nonlinear", "identity"]
     assert "| nonlinear | 3 | -0.1000 |" in markdown and "| identity | 3 | +0.1000 |" in markdown
 
 
@@ -59,6 +64,10 @@ def test_scaling_report_gives_each_variants_tokens_per_parameter_and_holm_verdic
     markdown = build_report(tmp_path)
     assert "Holm-adjusted over the 3 intervals" in markdown
     assert "| d8 | 2 | 1.6 | 2,000 |" in markdown  # 2,000 tokens over the variant's 1,250 parameters
+    result = json.loads((tmp_path / "result.json").read_text())
+    deltas = {row["tpp"]: row for row in result["deltas"]}
+    assert {t: round(d["mean"], 6) for t, d in deltas.items()} == {2: 0.05, 4: 0.0, 8: -0.05}
+    assert result["trends"][0]["mean"] == pytest.approx(-0.05) and result["trends"][0]["span"] == "2-8"
     assert (tmp_path / "scaling_delta.png").stat().st_size > 0
 
 
@@ -76,6 +85,11 @@ def test_probes_report_medians_are_true_medians_and_sign_tests_are_adjusted(tmp_
     markdown = build_report(tmp_path)
     assert "| mqar-2 | linear | 2/3 | | | | | 1,900 |" in markdown  # (1800 + 2000) / 2: even count
     assert "| mqar-2 | nonlinear | 3/3 | 1 | 0 | 1 | 1 | 2,000 |" in markdown
+    result = json.loads((tmp_path / "result.json").read_text())
+    cells = {row["variant"]: row for row in result["cells"]}
+    assert cells["linear"]["steps_to_solve"] == [1800, 2000, None] and cells["nonlinear"]["accuracy"] == [0.95] * 3
+    pooled = {(row["scope"], row["variant"]): row for row in result["pooled"]}
+    assert pooled[("mqar-2", "linear")]["median"] == 1900 and pooled[("mqar-2", "nonlinear")]["solved"] == 3
 
 
 def verdict_study(tmp_path, pairs, identity=True):

@@ -25,7 +25,7 @@ from nlq.presets import get_preset
 from nlq.studies.design import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, DataSpec, Study, Variant
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
-from nlq.studies.tables import RunResult, best_lr, interval_text, load_results
+from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, write_result
 
 
 def _paper_variants(mlp: bool = True) -> list[Variant]:
@@ -114,7 +114,8 @@ def paper() -> Study:
 # ---- the report ----------------------------------------------------------------------------------
 
 def build_comparison_report(study_dir: Path, study: dict) -> str:
-    """Write report.md, results.csv, val_curves.png, loss_vs_params.png, paired_curves.png; return the markdown."""
+    """Write report.md, result.json (its numbers), results.csv, val_curves.png, loss_vs_params.png and
+    paired_curves.png; return the markdown."""
     _, results = load_results(study_dir)
     baseline = study["baseline"]
     order = [v["name"] for v in study["variants"]]
@@ -152,6 +153,10 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
                              [np.mean([r.val_loss for r in by_variant[v]])
                               for v in family]) if len(family) >= 2 else None
 
+    verdicts = dict(zip(paired, holm_verdicts(list(paired.values()))))
+    write_result(study_dir / "result.json", {"study": study["name"], "baseline": baseline, "runs": len(results),
+                                             "lrs": lrs, "variants": rows, "paired": verdicts, "width_family": family,
+                                             "fit": list(fit) if fit else None})
     markdown = _markdown(study, rows, paired, family, fit, base_params, len(results), baseline, lrs)
     _write_csv(study_dir / "results.csv", results)
     _plot_curves(study_dir / "val_curves.png", by_variant, study["name"])

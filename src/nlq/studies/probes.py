@@ -19,7 +19,7 @@ from nlq.runs.metrics import read_metrics
 from nlq.studies.design import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import holm, holm_verdicts, mean_std, median, paired_difference
-from nlq.studies.tables import load_summaries, write_runs_csv
+from nlq.studies.tables import load_summaries, write_result, write_runs_csv
 
 VARIANTS = [LINEAR, NONLINEAR, IDENTITY, MLP_4_75]
 # name -> task, keys/values per vocabulary, pairs to hold, example length, widths. Sized on 2 CPU cores
@@ -83,7 +83,8 @@ def probes(tasks: dict | None = None, seeds: list[int] | None = None) -> Study:
 
 def build_probes_report(study_dir: Path, study: dict) -> str:
     """report.md (per task and width: held-out accuracy, the step each seed first reaches THRESHOLD, paired
-    differences to linear with 95% intervals), results.csv, probes_accuracy.png and probes_curves.png."""
+    differences to linear with 95% intervals), result.json (its numbers), results.csv, probes_accuracy.png and
+    probes_curves.png."""
     threshold = (study.get("settings") or {}).get("threshold", THRESHOLD)  # studies before nlq 0.3 recorded none
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "probe"]
     for r in runs:
@@ -98,7 +99,7 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
              f"| task | width | variant | seeds | accuracy | solved | step reaching {threshold:.0%} (per seed) | "
              "Δ accuracy vs linear | 95% interval | Δ loss vs linear | p (loss) | Holm p | verdict (loss, Holm) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    cells, rows = {}, []
+    cells, rows, keys = {}, [], []
     for task in dict.fromkeys(r["task"] for r in runs):
         for width in sorted({r["width"] for r in runs if r["task"] == task}):
             cell = [r for r in runs if r["task"] == task and r["width"] == width]
@@ -108,12 +109,16 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
                 if mine:
                     cells[(task, width, variant)] = [r["val_acc"] for r in mine]
                     rows.append(_probe_row(task, width, variant, mine, base))
+                    keys.append({"task": task, "width": width, "variant": variant,
+                                 "accuracy": cells[(task, width, variant)],
+                                 "steps_to_solve": [r["steps_to_solve"] for r in mine]})
     tests = holm_verdicts([loss for _, loss in rows if loss is not None])
-    for text, loss in rows:
+    for (text, loss), key in zip(rows, keys):
         if loss is None:
             lines.append(text + " | | | | | | |")
             continue
         loss = tests.pop(0)
+        key["loss_vs_linear"] = loss
         lines.append(text + f" {loss['mean']:+.4f} | {loss['p']:.3g} | {loss['p_holm']:.3g} | {loss['verdict']} |")
     lines[4] += (f" Loss verdicts are Holm-adjusted over the {sum(loss is not None for _, loss in rows)} cells with "
                  "pairs (one family); the intervals are unadjusted.")
@@ -128,6 +133,8 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
     pooled = [row for scope in [*dict.fromkeys(r["task"] for r in runs), "all"]
               for row in pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], variants)]
     lines += format_pooled_rows(pooled)
+    write_result(study_dir / "result.json", {"study": study["name"], "threshold": threshold, "cells": keys,
+                                             "pooled": pooled})
     tests = sum(r['p'] is not None for r in pooled)
     lines += ["", f"Sign-test p values are Holm-adjusted over the {tests} tests of this "
               "table (one family, though the 'all' rows pool the task rows). The median of an even count is the mean "

@@ -28,7 +28,7 @@ from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
-from nlq.studies.tables import interval_text, load_summaries, write_runs_csv
+from nlq.studies.tables import interval_text, load_summaries, write_result, write_runs_csv
 from nlq.studies.wsd import budget_steps, chain_tokens, step_tokens, wsd_chain
 
 VARIANTS = [LINEAR, NONLINEAR, MLP_4_75]
@@ -143,8 +143,9 @@ def scaling_shared_lr(widths: dict | None = None, seeds: list[int] | None = None
 # ---- the report ------------------------------------------------------------------------------------------
 
 def build_scaling_report(study_dir: Path, study: dict) -> str:
-    """report.md (lr sweep; per width and budget the paired Δ val loss of each variant vs linear),
-    results.csv and scaling_delta.png (Δ against tokens per parameter, a line per width and variant, 95% band)."""
+    """report.md (lr sweep; per width and budget the paired Δ val loss of each variant vs linear), result.json
+    (its numbers), results.csv and scaling_delta.png (Δ against tokens per parameter, a line per width and
+    variant, 95% band)."""
     runs = load_summaries(study_dir, study)
     sweep = [r for r in runs if r["stage"] == "lr-sweep"]
     budgets = [r for r in runs if r["stage"] == "budget"]
@@ -201,6 +202,12 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
         lines.append(f"| {width} | {variant} | {trend['span']} | {trend['n']} | {trend['mean']:+.4f} | "
                      f"{interval_text(trend)} | {_p(trend['p'])} | {_p(tested_trend['p_holm'])} | {reading} |")
     lrs = {(r["width"], r["variant"]): r["lr"] for r in budgets}
+    write_result(study_dir / "result.json", {
+        "study": study["name"], "baseline": "linear",
+        "deltas": [{"width": w, "variant": v, "tpp": tpp, **p} for (w, v, tpp), p in deltas.items()],
+        "trends": [{"width": w, "variant": v, **trend, "p_holm": tested["p_holm"], "reading": tested["verdict"]}
+                   for ((w, v), trend), tested in zip(trends.items(), holm_verdicts(list(trends.values())))],
+        "lrs": [{"width": w, "variant": v, "lr": lr} for (w, v), lr in lrs.items()]})
     lines += ["", "Plot: `scaling_delta.png` (each seed's Δ as a dot; the mean with its 95% interval band, unadjusted, "
               "against tokens per parameter; the legend gives each variant's peak lr and its pairs).", ""]
     _plot_deltas(study_dir / "scaling_delta.png", deltas, lrs, study["name"])

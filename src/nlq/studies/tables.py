@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from nlq.errors import UserError
-from nlq.fileio import atomic_write, read_json
+from nlq.fileio import atomic_write, read_json, write_json
 from nlq.runs.metrics import read_metrics
 from nlq.studies.selection import lowest
 
@@ -115,3 +115,22 @@ def write_runs_csv(path: Path, runs: list[dict], keys: list[str]) -> None:
 def interval_text(p: dict, digits: int = 4) -> str:
     """[low, high] of a paired difference, or n/a without an interval (one seed)."""
     return f"[{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]" if not math.isnan(p["low"]) else "n/a"
+
+
+def json_safe(value):
+    """value with every non-finite float (an undefined sd, the interval of one seed) as None: valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return json_safe(value.item())
+    return value
+
+
+def write_result(path: Path, result: dict) -> None:
+    """A report's numbers as one JSON object (result.json beside report.md): what tests and scripts read, instead
+    of parsing the Markdown."""
+    write_json(path, json_safe(result))
