@@ -122,7 +122,8 @@ def test_the_gate_plan_borrows_verdict_lrs_qk_norm_arms_as_committed():
     from pathlib import Path
 
     from nlq.studies.borrow import borrowed_records
-    from nlq.studies.engine import endpoints, selection
+    from nlq.studies.engine import endpoints
+    from nlq.studies.selection import selection
 
     study = get_study("gate-lr")
     results = Path(__file__).resolve().parent.parent / "results"

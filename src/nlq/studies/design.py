@@ -108,6 +108,8 @@ class Run:
     suffix: str = ""  # name suffix, e.g. "-stable" for the shared stable phase of WSD branches
     labels: dict = field(default_factory=dict)  # recorded in study.json for the report (width, budget, stage)
     group: str = ""  # runs that must run in order in one process (a WSD stable run and its branches); "": itself
+    min_lr: float | None = None  # None: lr x the study's min_lr_ratio (the one place a run's min lr is set)
+    lr_in_name: bool = True  # False: a study of one lr per arm keeps the lr out of the run names
 
     @property
     def chain(self) -> str:
@@ -115,13 +117,13 @@ class Run:
 
     @property
     def name(self) -> str:
-        lr = f"-lr{self.lr:g}" if self.lr is not None else ""
+        lr = f"-lr{self.lr:g}" if self.lr is not None and self.lr_in_name else ""
         return f"{self.tag + '-' if self.tag else ''}{self.variant.name}{lr}-s{self.seed}{self.suffix}"
 
     def config(self, overrides: list[str], data_dir: Path) -> RunConfig:
         config = update(self.study.base, self.variant.changes)
         train = {"seed": self.seed}
         if self.lr is not None:
-            train.update(lr=self.lr, min_lr=self.lr * self.study.min_lr_ratio)
+            train.update(lr=self.lr, min_lr=self.lr * self.study.min_lr_ratio if self.min_lr is None else self.min_lr)
         config = update(config, {"train": train, "data": {"dir": str(Path(data_dir).resolve()) if data_dir else ""}})
         return apply_overrides(update(config, self.changes), overrides)

@@ -71,26 +71,26 @@ def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, wid
         raise UserError(f"design.budgets_tpp {budgets_tpp} give the step counts {steps} at this batch; each budget "
                         f"must end at a later step than the one before: set the budgets further apart")
     longest = max(steps)
-    named_lr = lr if lr_in_name else None
-    stable = Run(study, variant, seed, named_lr, tag=width, suffix="-stable")  # for its name
+    at = {"min_lr": min_lr, "lr_in_name": lr_in_name}  # every run of the chain: this lr and min lr
+    stable = Run(study, variant, seed, lr, tag=width, suffix="-stable", **at)  # for its name
     stable_dir = (study_dir / "runs" / stable.name).resolve()
-    common = {"model": dict(shape), "train": {"lr": lr, "min_lr": min_lr}}
+    common = {"model": dict(shape)}
     levels = []
     for tpp, budget in zip(budgets_tpp, steps):
         level = []
         start = cooldown_start(update(study.base, {"train": {"max_steps": budget}}).train)
         if start > 0:
-            level.append(Run(study, variant, seed, named_lr, merge_changes(common, {"train": {
+            level.append(Run(study, variant, seed, lr, merge_changes(common, {"train": {
                 "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
                 "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
-                labels={"stage": "stable", "width": width}, group=stable.name))
+                labels={"stage": "stable", "width": width}, group=stable.name, **at))
         changes = {"max_steps": budget, "eval_every": budget}
         if start > 0:
             changes["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
-        level.append(Run(study, variant, seed, named_lr, merge_changes(common, {"train": changes}, branch or {}),
+        level.append(Run(study, variant, seed, lr, merge_changes(common, {"train": changes}, branch or {}),
                          tag=f"{width}-tpp{tpp:g}", labels={"stage": "budget", "width": width, "tpp": tpp,
                                                             "steps": budget},
-                         group=stable.name))
+                         group=stable.name, **at))
         levels.append(level)
     return levels
 
