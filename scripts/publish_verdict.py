@@ -104,7 +104,7 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
 def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str) -> str:
     s, name = study["settings"], study["name"]
     registered = "as pre-registered and amended" if name == "verdict-lr" else "as pre-registered"
-    arms = [arm for arm in s["primary"] + s["secondary"] if arm not in (s.get("borrowed") or {})]
+    arms = [arm for arm in s["primary"] + (s.get("secondary") or []) if arm not in (s.get("borrowed") or {})]
     grid_runs = len(arms) * len(s["lrs"]) * len(s["selection_seeds"])
     ended = sum(row["ended"] for arm in arms for row in (outcome.get("lr_curve") or {}).get(arm, [])
                 if row["lr"] in s["lrs"])
@@ -122,7 +122,7 @@ def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str
             f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
             f"{outcome['decision']['words']}.** {decision_text(outcome, name in PAPERS_STUDIES)}"
             f"{one_pair_text(outcome)} `nlq report {results}` regenerates it.")
-    if s["secondary"] and not outcome.get("secondary_family"):
+    if s.get("secondary") and not outcome.get("secondary_family"):
         text += (f" The secondary arms ({', '.join(s['secondary'])}) are still running: "
                  f"{outcome.get('seeds_with_every_arm', 0)} of {len(s['seeds'])} test seeds have every arm's "
                  "endpoint; their declared family is computed once all have, and it does not change this decision.")
