@@ -57,21 +57,17 @@ def read_study(study_dir: Path) -> dict:
 
 
 def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
+    """study.json and each finished run as a RunResult with its val-loss curve (load_summaries, the one reader of
+    a study's runs, then the curve from metrics.jsonl)."""
     study = read_study(study_dir)
     results = []
-    for run in study.get("runs", []):
-        run_dir = study_dir / "runs" / run["name"]
-        summary_path = run_dir / "summary.json"
-        if not summary_path.is_file():
-            continue  # not finished yet
-        summary = read_summary(summary_path)
-        if summary.get("val_loss") is None:
-            continue
+    for run in load_summaries(study_dir, study):
+        run_dir = Path(run.get("dir") or study_dir / "runs" / run["name"])
         curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
         results.append(RunResult(run["name"], run["variant"], run["seed"], run["lr"],
-                                 summary.get("non_embedding_parameters") or 0,  # a damaged summary: shown as n/a
-                                 summary["val_loss"], summary.get("val_bpb") or math.nan,
-                                 summary.get("tokens_per_s") or math.nan, curve, summary.get("val_acc")))
+                                 run.get("non_embedding_parameters") or 0,  # a damaged summary: shown as n/a
+                                 run["val_loss"], run.get("val_bpb") or math.nan,
+                                 run.get("tokens_per_s") or math.nan, curve, run.get("val_acc")))
     if not results:
         raise UserError(f"{study_dir} has no finished runs yet; run nlq study first")
     return study, results
