@@ -58,6 +58,8 @@ def test_a_sequential_plan_stops_at_a_look_when_the_arms_differ_and_runs_on_when
     main(["study", str(differ), "--out", str(out), "--data", str(byte_data)])
     record = json.loads((out / "sequential.json").read_text())["looks"]
     assert [r["action"] for r in record] == ["difference"] and record[0]["pairs"] == 3
+    assert json.loads((out / "study.json").read_text())["sequential"] == record  # the stop: look, statistic, time
+    assert record[0]["bound"] > 0 and record[0]["utc"].endswith("Z")
     trained = {json.loads(p.read_text())["train"]["seed"] for p in (out / "runs").glob("*tpp2*/config.json")}
     assert trained == {1, 2, 3}  # no chain of the seeds after the stopping look
     outcome = json.loads((out / "verdict.json").read_text())

@@ -143,13 +143,17 @@ def sequential_test(study: Study, study_dir: Path, lrs: dict[str, list[float]]):
 
 
 def record_look(study_dir: Path, at: dict) -> None:
-    """Add a look's statistic and what it decided to study_dir/sequential.json (with the UTC time it was first
-    computed; a look computed again by another shard or a restart keeps its first record)."""
+    """Add a look's statistic and what it decided to study_dir/sequential.json and to study.json's "sequential" (with
+    the UTC time it was first computed; a look computed again by another shard or a restart keeps its first
+    record)."""
     path = study_dir / "sequential.json"
     looks = read_json(path, "the sequential test's record")["looks"] if path.is_file() else []
     if all(entry["look"] != at["look"] for entry in looks):
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        write_json(path, {"looks": looks + [at | {"utc": stamp}]})
+        looks = looks + [at | {"utc": stamp}]
+        write_json(path, {"looks": looks})
+        study = read_json(study_dir / "study.json", "the study's description")
+        write_json(study_dir / "study.json", study | {"sequential": looks})  # the stop is part of the study
 
 
 def arms_text(study: Study) -> str:

@@ -83,6 +83,9 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
                                         "data_meta": _data_meta(data) if data else None,
                                         "code": code_versions(study_dir / "study.json"), "runs": recorded}
+        looks = study_dir / "sequential.json"  # a sequential test's looks so far (engine.record_look)
+        if looks.is_file():
+            described["sequential"] = read_json(looks, "the sequential test's record")["looks"]
         write_json(study_dir / "study.json", described | ({"projections": own} if own else {}))
         mine = shard_indices(stage, *shard) if shard else list(range(len(stage)))
         done_dirs += _run_stage([stage[i] for i in mine], [configs[i] for i in mine], study_dir, log, stamp)
