@@ -38,7 +38,7 @@ from nlq.studies.plan_selection import (
 )
 from nlq.studies.selection import selection
 from nlq.studies.stats import decide, mean_std
-from nlq.studies.tables import load_summaries, write_runs_csv
+from nlq.studies.tables import load_summaries, markdown_table, write_runs_csv
 from nlq.studies.wsd import flops_per_token
 
 
@@ -237,8 +237,7 @@ def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
     arms = [arm for arm in s["primary"] + (s.get("secondary") or []) if arm in first]
     if not arms:
         return []
-    lines = ["", f"| arm | non-embedding parameters | tokens per own parameter at {s['primary_tpp']:g} | training "
-             "FLOPs per token |", "|---|---|---|---|"]
+    rows = []
     for arm in arms:
         r = first[arm]
         config = run_dir_of(study_dir, r) / "config.json"
@@ -248,7 +247,9 @@ def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
             flops = "n/a"
         params, tokens = r.get("non_embedding_parameters"), r.get("tokens")
         own = f"{tokens / params:.0f}" if params and tokens else "n/a"
-        lines.append(f"| {arm} | {f'{params:,}' if params else 'n/a'} | {own} | {flops} |")
-    return lines
+        rows.append([arm, f"{params:,}" if params else "n/a", own, flops])
+    header = ["arm", "non-embedding parameters", f"tokens per own parameter at {s['primary_tpp']:g}",
+              "training FLOPs per token"]
+    return [""] + markdown_table(header, rows)
 
 

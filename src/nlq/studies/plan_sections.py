@@ -19,7 +19,7 @@ from nlq.studies.stats import (
     power_paired_t,
     sd_interval,
 )
-from nlq.studies.tables import interval_text
+from nlq.studies.tables import interval_text, markdown_table
 
 
 def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str) -> dict:
@@ -54,10 +54,9 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
         lines.append("- What would settle it: at the observed paired sd, a new study of "
                      f"{needed or 'more than 10,000'} pairs has 80% power to find a difference of {s['margin']:g} "
                      "nats (seeds are not added to this one).")
-    lines += ["", beside_endpoint(pairs, loss, s, baseline, method, study_dir), "",
-              f"| seed | {baseline} | {method} | Δ |", "|---|---|---|---|"]
-    lines += [f"| {seed} | {b:.4f} | {v:.4f} | {v - b:+.4f} |" for seed, b, v in pairs]
-    return lines
+    lines += ["", beside_endpoint(pairs, loss, s, baseline, method, study_dir), ""]
+    return lines + markdown_table(["seed", baseline, method, "Δ"],
+                                  [[seed, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}"] for seed, b, v in pairs])
 
 
 def is_classifier(loss: dict) -> bool:
@@ -165,12 +164,11 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
     pending = "" if len(rows) == len(family) else (f"; the {len(family) - len(rows)} whose pairs are not all in yet "
                                                    "count with p = 1 until they are, which keeps the adjustment "
                                                    "conservative")
-    lines += [f"Holm-adjusted over the {len(family)} declared comparisons as one family{pending}.", "",
-              f"| variant | tokens/param | pairs | mean Δ vs {baseline} | 95% interval | p | Holm p | reading |",
-              "|---|---|---|---|---|---|---|---|"]
-    for (variant, tpp, p), p_holm in zip(rows, adjusted):
-        lines.append(f"| {variant} | {tpp:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | "
-                     f"{p_holm:.3g} | {reading(p, p_holm, s)} |")
+    lines += [f"Holm-adjusted over the {len(family)} declared comparisons as one family{pending}.", ""]
+    lines += markdown_table(
+        ["variant", "tokens/param", "pairs", f"mean Δ vs {baseline}", "95% interval", "p", "Holm p", "reading"],
+        [[variant, f"{tpp:g}", p["n"], f"{p['mean']:+.4f}", interval_text(p), f"{p['p']:.3g}", f"{p_holm:.3g}",
+          reading(p, p_holm, s)] for (variant, tpp, p), p_holm in zip(rows, adjusted)])
     fragile = []
     for index, (variant, tpp, _) in enumerate(rows):
         pairs = pairs_of(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
@@ -226,15 +224,15 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
         per_seed.append(diffs)
     adjusted = holm([r["p"] for r in rows])
     lines += [f"Holm-adjusted over the {len(rows)} declared comparisons as one family; Δ positive: the first-named "
-              "arm has the higher loss.", "",
-              f"| comparison | pairs | mean Δ | % of the baseline | {s['confidence']:.0%} interval | p | Holm p | "
-              "reading |",
-              "|---|---|---|---|---|---|---|---|"]
+              "arm has the higher loss.", ""]
     for row, p_holm in zip(rows, adjusted):
         row["holm_p"] = p_holm
-        share = f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a"
-        lines.append(f"| {row['comparison']} | {row['n']} | {row['mean']:+.4f} | {share} | {interval_text(row)} | "
-                     f"{row['p']:.3g} | {p_holm:.3g} | {reading(row, p_holm, s)} |")
+    lines += markdown_table(
+        ["comparison", "pairs", "mean Δ", "% of the baseline", f"{s['confidence']:.0%} interval", "p", "Holm p",
+         "reading"],
+        [[row["comparison"], row["n"], f"{row['mean']:+.4f}",
+          f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a", interval_text(row),
+          f"{row['p']:.3g}", f"{row['holm_p']:.3g}", reading(row, row["holm_p"], s)] for row in rows])
     fragile = []
     for index, (row, diffs) in enumerate(zip(rows, per_seed)):
         def words_of(d: list[float], index=index) -> str:  # this member's reading, the others' p as they are

@@ -10,7 +10,7 @@ from nlq.studies.borrow import borrowed_arms
 from nlq.studies.plan_sections import no_effect, reading
 from nlq.studies.selection import lr_means
 from nlq.studies.stats import holm, mean_std, paired_difference
-from nlq.studies.tables import interval_text
+from nlq.studies.tables import interval_text, markdown_table
 
 
 def borrowed_text(s: dict) -> list[str]:
@@ -67,8 +67,7 @@ def lr_curve(picked: dict, s: dict, arms: list[str]) -> dict:
 
 
 def selection_table(curve: dict, chosen: dict, s: dict, arms: list[str]) -> list[str]:
-    lines = [f"| arm | peak lr | runs ended | mean {s['endpoint']} | {s['confidence']:.0%} interval | diverged |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     for arm in arms:
         for row in curve.get(arm, []):
             marks = ["extension"] * (row["lr"] not in s["lrs"])
@@ -76,9 +75,10 @@ def selection_table(curve: dict, chosen: dict, s: dict, arms: list[str]) -> list
             mark = f" ({', '.join(marks)})" if marks else ""
             mean = f"{row['mean']:.4f}" if "mean" in row else "n/a"
             interval = f"[{row['low']:.4f}, {row['high']:.4f}]" if "mean" in row else "n/a"
-            lines.append(f"| {arm} | {row['lr']:g}{mark} | {row['ended']} of {len(s['selection_seeds'])} | {mean} | "
-                         f"{interval} | {row['diverged']} |")
-    return lines
+            rows.append([arm, f"{row['lr']:g}{mark}", f"{row['ended']} of {len(s['selection_seeds'])}", mean, interval,
+                         row["diverged"]])
+    return markdown_table(["arm", "peak lr", "runs ended", f"mean {s['endpoint']}", f"{s['confidence']:.0%} interval",
+                           "diverged"], rows)
 
 
 def selection_margins(picked: dict, chosen: dict, s: dict, arms: list[str]) -> tuple[list[str], dict]:
@@ -98,11 +98,11 @@ def selection_margins(picked: dict, chosen: dict, s: dict, arms: list[str]) -> t
     if not rows:
         return [], rows
     lines = ["", "How firm each selection is (the runner-up: the lr with the next lowest mean; margin = its mean - the "
-             f"selected lr's, with the paired sd of that difference over the {len(seeds)} selection seeds):", "",
-             "| arm | selected | runner-up | margin | paired sd | selection seeds where the selected lr was best |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {arm} | {r['lr']:g} | {r['runner_up']:g} | {r['margin']:+.4f} | {r['sd']:.4f} | {r['won']} of "
-              f"{len(seeds)} |" for arm, r in rows.items()]
+             f"selected lr's, with the paired sd of that difference over the {len(seeds)} selection seeds):", ""]
+    lines += markdown_table(["arm", "selected", "runner-up", "margin", "paired sd",
+                             "selection seeds where the selected lr was best"],
+                            [[arm, f"{r['lr']:g}", f"{r['runner_up']:g}", f"{r['margin']:+.4f}", f"{r['sd']:.4f}",
+                              f"{r['won']} of {len(seeds)}"] for arm, r in rows.items()])
     close = [f"{arm} ({r['won']} of {len(seeds)})" for arm, r in rows.items() if r["won"] < len(seeds)]
     if close:
         lines += ["", f"Close calls (the selected lr not the best on every selection seed): {', '.join(close)}. "
@@ -132,12 +132,10 @@ def selection_comparisons(picked: dict, chosen: dict, s: dict, baseline: str, me
     rows = [(lr, pair((method, lr), (baseline, lr))) for lr in shared]
     adjusted = holm([p["p"] if math.isfinite(p["p"]) else 1.0 for _, p in rows])
     lines = ["", f"Illustrations on the selection seeds (declared; not tests): {method} - {baseline} at each lr both "
-             f"tried, Holm-adjusted over the {len(rows)} lrs as one family.", "",
-             f"| peak lr | pairs | mean Δ | {s['confidence']:.0%} interval | p | Holm p | reading |",
-             "|---|---|---|---|---|---|---|"]
-    for (lr, p), p_holm in zip(rows, adjusted):
-        lines.append(f"| {lr:g} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p['p']:.3g} | {p_holm:.3g} | "
-                     f"{reading(p, p_holm, s)} |")
+             f"tried, Holm-adjusted over the {len(rows)} lrs as one family.", ""]
+    lines += markdown_table(["peak lr", "pairs", "mean Δ", f"{s['confidence']:.0%} interval", "p", "Holm p", "reading"],
+                            [[f"{lr:g}", p["n"], f"{p['mean']:+.4f}", interval_text(p), f"{p['p']:.3g}",
+                              f"{p_holm:.3g}", reading(p, p_holm, s)] for (lr, p), p_holm in zip(rows, adjusted)])
     method_lr = chosen[method]["lr"]
     finite = [row["lr"] for row in lr_means_rows(picked, baseline, seeds)]
     if method_lr is None or not finite or "paper_lr_ratio" not in s:  # the paper's protocol: declared by verdict-lr

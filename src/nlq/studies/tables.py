@@ -108,6 +108,12 @@ def write_runs_csv(path: Path, runs: list[dict], keys: list[str]) -> None:
 
 
 
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
+    """A Markdown table as report lines: the header, its rule, a line per row (cells as given, as text)."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
 def interval_text(p: dict, digits: int = 4) -> str:
     """[low, high] of a paired difference, or n/a without an interval (one seed)."""
     return f"[{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]" if not math.isnan(p["low"]) else "n/a"
