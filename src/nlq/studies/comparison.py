@@ -25,7 +25,7 @@ from nlq.presets import get_preset
 from nlq.studies.design import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, DataSpec, Study, Variant
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
-from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, write_result
+from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
 
 
 def _paper_variants(mlp: bool = True) -> list[Variant]:
@@ -169,28 +169,26 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
 def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, lrs) -> str:
     sweep = study.get("lrs")
     with_acc = all(r["acc"] is not None for r in rows)  # next-token or masked-token accuracy, when logged
-    head = ("| variant | lr | seeds | non-emb params | vs base | val loss (mean ± std) | ppl | Δ log-loss | Δ ppl "
-            "| tokens/s |")
+    header = ["variant", "lr", "seeds", "non-emb params", "vs base", "val loss (mean ± std)", "ppl", "Δ log-loss",
+              "Δ ppl", "tokens/s"] + ["val accuracy"] * with_acc
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
              f"{n_runs} finished runs. Relative change = (variant - baseline) / baseline, the sign of Δ: "
              "positive is worse."
              + (" Each variant at its best peak lr of " + ", ".join(f"{x:g}" for x in sweep) + "." if sweep else ""),
-             "", head + (" val accuracy |" if with_acc else ""),
-             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
-    for r in rows:
-        std = f" ± {r['val_loss_std']:.4f}" if not math.isnan(r["val_loss_std"]) else ""
-        lines.append(f"| {r['variant']} | {r['lr']:g} | {r['seeds']} | {r['params']:,} | {r['params_vs_base']:+.2%} | "
-                     f"{r['val_loss']:.4f}{std} | {r['ppl']:.2f} | {r['d_loss']:+.2%} | {r['d_ppl']:+.2%} | "
-                     f"{r['tokens_per_s']:,.0f} |" + (f" {r['acc']:.4f} |" if with_acc else ""))
+             ""]
+    lines += markdown_table(header, [
+        [r["variant"], f"{r['lr']:g}", r["seeds"], f"{r['params']:,}", f"{r['params_vs_base']:+.2%}",
+         f"{r['val_loss']:.4f}" + (f" ± {r['val_loss_std']:.4f}" if not math.isnan(r["val_loss_std"]) else ""),
+         f"{r['ppl']:.2f}", f"{r['d_loss']:+.2%}", f"{r['d_ppl']:+.2%}", f"{r['tokens_per_s']:,.0f}"]
+        + ([f"{r['acc']:.4f}"] if with_acc else []) for r in rows])
     lines += ["", f"## Paired differences vs `{baseline}` (variant - baseline, same seed = same batches)", "",
               f"Verdicts are Holm-adjusted over the {len(paired)} variants compared with `{baseline}` (one family); "
-              "the intervals are unadjusted.", "",
-              "| variant | pairs | mean Δ val loss | 95% interval | p | Holm p | verdict (Holm) |",
-              "|---|---|---|---|---|---|---|"]
-    for variant, p in zip(paired, holm_verdicts(list(paired.values()))):
-        p_text = "" if math.isnan(p["p"]) else f"{p['p']:.3g} | {p['p_holm']:.3g}"
-        lines.append(f"| {variant} | {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {p_text or ' | '} | "
-                     f"{p['verdict']} |")
+              "the intervals are unadjusted.", ""]
+    lines += markdown_table(
+        ["variant", "pairs", "mean Δ val loss", "95% interval", "p", "Holm p", "verdict (Holm)"],
+        [[variant, p["n"], f"{p['mean']:+.4f}", interval_text(p)]
+         + (["", ""] if math.isnan(p["p"]) else [f"{p['p']:.3g}", f"{p['p_holm']:.3g}"]) + [p["verdict"]]
+         for variant, p in zip(paired, holm_verdicts(list(paired.values())))])
     lines += ["", "## Parameter equivalence", ""]
     if not study.get("width_family"):
         lines.append("This study has no family of wider linear baselines, so no parameter equivalent is fitted.")
@@ -200,12 +198,11 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
     else:
         a, b = fit
         lines.append(f"Fit over {', '.join(family)}: val loss = {a:.4f} {b:+.4f} ln(N), N = non-embedding parameters.")
-        lines += ["", "| variant | val loss | linear baseline would need | vs baseline |", "|---|---|---|---|"]
-        for r in rows:
-            if r["variant"] in family or r["variant"] == baseline:
-                continue
-            n_eq = equivalent_params(fit, r["val_loss"])
-            lines.append(f"| {r['variant']} | {r['val_loss']:.4f} | {n_eq:,.0f} | {n_eq / base_params - 1:+.1%} |")
+        needed = {r["variant"]: (r["val_loss"], equivalent_params(fit, r["val_loss"])) for r in rows
+                  if r["variant"] not in family and r["variant"] != baseline}
+        lines += [""] + markdown_table(["variant", "val loss", "linear baseline would need", "vs baseline"],
+                                       [[v, f"{loss:.4f}", f"{n:,.0f}", f"{n / base_params - 1:+.1%}"]
+                                        for v, (loss, n) in needed.items()])
         lines.append("")
         lines.append("Three width points span little range; read the extrapolated values as rough.")
     lines += ["", "Plots: `val_curves.png` (mean over seeds, band = min..max), `loss_vs_params.png` (mean ± std over "
