@@ -28,7 +28,7 @@ from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
-from nlq.studies.tables import interval_text, load_summaries, write_result, write_runs_csv
+from nlq.studies.tables import interval_text, load_summaries, markdown_table, write_result, write_runs_csv
 from nlq.studies.wsd import budget_steps, chain_tokens, step_tokens, wsd_chain
 
 VARIANTS = [LINEAR, NONLINEAR, MLP_4_75]
@@ -246,21 +246,17 @@ def tpp_trends(budgets: list[dict], variants: list[str], min_points: int = 3) ->
 def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[str]:
     if not sweep:
         return ["No lr-sweep run has finished yet (or the study has no sweep: see its description)."]
-    lines = ["| width | variant | " + " | ".join(f"lr {lr:g}" for lr in sorted({r['lr'] for r in sweep}))
-             + " | best lr |",
-             "|---|---|" + "---|" * (len({r["lr"] for r in sweep}) + 1)]
-    best_by_width: dict[str, set] = {}
-    best_of: dict[tuple[str, str], float] = {}
+    lrs = sorted({r["lr"] for r in sweep})
+    rows, best_by_width, best_of = [], {}, {}
     for width in dict.fromkeys(r["width"] for r in sweep):
         for variant in variants:
             cells = {r["lr"]: r["val_loss"] for r in sweep if r["width"] == width and r["variant"] == variant}
             if not cells:
                 continue
-            best = best_of[(width, variant)] = min(cells, key=cells.get)
+            best = best_of[(width, variant)] = lowest(cells)  # one seed: its loss is the mean
             best_by_width.setdefault(width, set()).add(best)
-            row = " | ".join(f"{cells[lr]:.4f}" if lr in cells else "" for lr in sorted({r['lr'] for r in sweep}))
-            lines.append(f"| {width} | {variant} | {row} | {best:g} |")
-    lines.append("")
+            rows.append([width, variant] + [f"{cells[lr]:.4f}" if lr in cells else "" for lr in lrs] + [f"{best:g}"])
+    lines = markdown_table(["width", "variant"] + [f"lr {lr:g}" for lr in lrs] + ["best lr"], rows) + [""]
     for width, best in best_by_width.items():
         done = {(r["variant"], r["lr"]) for r in sweep if r["width"] == width}
         expected = len(variants) * len(widths[width]["lrs"]) if width in widths else len(done)
