@@ -9,7 +9,7 @@ import pytest
 
 from helpers import fake_training, one_line_error
 from nlq.errors import UserError
-from nlq.studies.dry_run import plan_text as dry_run
+from nlq.studies.dry_run import dry_run_text as dry_run
 from nlq.studies.registry import get_study
 from nlq.studies.study import run_study
 from test_plans import plan_text

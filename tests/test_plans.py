@@ -218,7 +218,7 @@ def test_a_changed_plan_is_refused_against_its_study_directory_naming_the_field(
     with pytest.raises(UserError, match=r"design\.margin changed") as error:
         run_study(get_study(str(changed)), tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
     assert "\n" not in str(error.value)
-    from nlq.studies.dry_run import plan_text as dry_run
+    from nlq.studies.dry_run import dry_run_text as dry_run
 
     with pytest.raises(UserError, match=r"design\.margin changed"):
         dry_run(get_study(str(changed)), tmp_path / "s", data_dir=str(byte_data))

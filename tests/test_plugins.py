@@ -179,10 +179,10 @@ def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, 
     plugin.write_text(PLUGIN + "\n# edited after the study started\n")
     with pytest.raises(UserError, match="the code of a study's arm is frozen once it has run"):
         run_study(study, tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
-    from nlq.studies.dry_run import plan_text
+    from nlq.studies.dry_run import dry_run_text
 
     with pytest.raises(UserError, match="the code of a study's arm is frozen once it has run"):  # it said "0 tokens"
-        plan_text(study, tmp_path / "s", data_dir=str(byte_data))
+        dry_run_text(study, tmp_path / "s", data_dir=str(byte_data))
     linear_only = Study("lin", "", tiny_run_config(byte_data), [Variant("linear", {"model": {"query": "linear"}})],
                         seeds=[1], data=DataSpec("unused", "byte"))
     run_study(linear_only, tmp_path / "lin", data_dir=str(byte_data), log=lambda *_: None)

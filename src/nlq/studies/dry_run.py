@@ -13,7 +13,7 @@ from nlq.studies.study import steps_to_train
 from nlq.studies.wsd import step_tokens
 
 
-def plan_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
+def dry_run_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,
               shard: tuple[int, int] | None = None) -> str:
     """What run_study would train, without training anything (--dry-run): per stage the runs (of this shard),
     their device, steps, lr and tokens still to train, and the totals. A stage that depends on the results of

@@ -17,7 +17,7 @@ from nlq.errors import UserError
 def study_command(name: str, out: str, data: str | None, overrides: list[str], shard: str | None,
                   shards: int | None, dry_run: bool) -> None:
     """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
-    from nlq.studies.dry_run import plan_text
+    from nlq.studies.dry_run import dry_run_text
     from nlq.studies.engine import arms_text, bounds_text, power_text, shared_start_text
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.sharding import parse_shard
@@ -27,7 +27,7 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
     if shards is not None and shard is not None:
         raise UserError("give --shards N (start N shard processes here) or --shard K/N (be one of them), not both")
     if shards is not None and not dry_run:  # this process starts the shards, then writes the report
-        plan_text(study, out, overrides, data_dir=data)  # what a shard would refuse is refused here, before any starts
+        dry_run_text(study, out, overrides, data_dir=data)  # what a shard would refuse is refused here, first
         run_shards(["study", name, "--out", str(out), *(["--data", str(data)] if data else []), *overrides], shards,
                    Path(out))
     else:
@@ -36,7 +36,7 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
             chosen = [slurm_shard() if shard == "auto" else parse_shard(shard)]
         if dry_run:
             for one in chosen:
-                print(plan_text(study, out, overrides, data_dir=data, shard=one))
+                print(dry_run_text(study, out, overrides, data_dir=data, shard=one))
             if study.plan is not None:
                 print(arms_text(study))
                 print(shared_start_text(study))
