@@ -23,6 +23,7 @@ from pathlib import Path
 
 from nlq.fileio import atomic_write
 from nlq.studies.collect import collect
+from nlq.studies.plan import reference_of
 from nlq.studies.registry import build_report
 from nlq.studies.tables import interval_text
 
@@ -53,15 +54,15 @@ def scope(study: dict) -> str:
             f"{settings.get('primary_tpp', '?')} tokens per parameter")
 
 
-PAPERS_STUDIES = ("verdict", "verdict-lr")  # the studies of the paper's claim: their status quotes it
 TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each arm at its own lr",
           "mnist1d-lr": "MNIST-1D, each arm at its own lr", "digits-lr": "8 x 8 digits, each arm at its own lr"}
 
 
-def decision_text(outcome: dict, paper: bool = True) -> str:
+def decision_text(outcome: dict, paper_claim: str | None = None) -> str:
+    """The decision's numbers in one sentence; paper_claim (the plan's [reference]) quoted beside them where given."""
     d, tost = outcome["decision"], outcome["decision"]["tost"]
     i = d["interval"]
-    claim = "; the paper, in this sign: -1.24% to -2.40%" if paper else ""
+    claim = f"; the paper, in this sign: {paper_claim}" if paper_claim else ""
     return (f"Δ = {outcome['endpoint']}({outcome['variant']}) - {outcome['endpoint']}({outcome['baseline']}): "
             f"{i['mean']:+.4f} nats, 95% interval {interval_text(i)} ({i['mean'] / outcome['baseline_mean']:+.2%} of "
             f"{outcome['baseline']}'s {outcome['baseline_mean']:.4f} nats, positive = worse{claim}); equivalence "
@@ -94,7 +95,8 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
                 f"(`{results}`); no outcome is shown before all {registered} have.")
     text = (f"**Verdict ({when}, `nlq study verdict` as pre-registered, {registered} pairs, {where}; {scope(study)}; "
             f"both at one peak lr, {study['settings']['lr']:g}): {outcome['decision']['words']}.** "
-            f"{decision_text(outcome)}{one_pair_text(outcome)} `nlq report {results}` regenerates it.")
+            f"{decision_text(outcome, reference_of(study).get('paper_claim'))}{one_pair_text(outcome)} "
+            f"`nlq report {results}` regenerates it.")
     pending = [f"{arm} {finished[arm]} of {registered}" for arm in secondary if finished[arm] < registered]
     if pending:
         text += f" Secondary arms still running ({', '.join(pending)} pairs); they do not change the verdict."
@@ -120,7 +122,7 @@ def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str
                 f"pairs have ended.")
     text = (f"**{TITLES.get(name, name)} ({when}, `nlq study {name}` {registered}, "
             f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
-            f"{outcome['decision']['words']}.** {decision_text(outcome, name in PAPERS_STUDIES)}"
+            f"{outcome['decision']['words']}.** {decision_text(outcome, reference_of(study).get('paper_claim'))}"
             f"{one_pair_text(outcome)} `nlq report {results}` regenerates it.")
     if s.get("secondary") and not outcome.get("secondary_family"):
         text += (f" The secondary arms ({', '.join(s['secondary'])}) are still running: "

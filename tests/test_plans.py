@@ -290,3 +290,25 @@ def test_the_dry_run_bounds_every_stage_and_lists_the_weights_each_arm_shares_wi
            "attn.gate_proj.weight" in shared
     assert any(line.startswith("arm nonlinear-qknorm: 20 of 28") and "attn.q_proj.up.weight" in line
                for line in shared)
+
+
+def test_a_plans_reference_words_its_report_and_is_not_part_of_its_hash(tmp_path):
+    """[reference] words the outcome (the shipped verdict plans: "no effect of the paper's size"), is checked like
+    any field, and leaves the plan's hash alone, so a study frozen before it was added still runs and reports."""
+    from nlq.studies.design import plan_hash
+    from nlq.studies.plan import reference_of
+    from nlq.studies.plan_sections import no_effect
+
+    raw = tomllib.loads((SHIPPED / "verdict-lr.toml").read_text())
+    assert raw["reference"]["no_effect_words"] == "no effect of the paper's size"
+    without = {k: v for k, v in raw.items() if k != "reference"}
+    assert plan_hash(raw) == plan_hash(without)
+    committed = json.loads((Path(__file__).resolve().parents[1] / "results" / "verdict-lr" / "study.json").read_text())
+    assert "reference" not in committed["plan"] and reference_of(committed) == raw["reference"]
+    assert no_effect(committed) == "no effect of the paper's size"
+    mine = {"name": "mine", "settings": {"margin": 0.05}, "plan": without | {"name": "mine"}}
+    assert no_effect(mine) == "no effect beyond ±0.05 nats"
+    for bad, needle in (({"words": "x"}, "reference.words is not known"),
+                        ({"paper_claim": 1}, "must be a table of text")):
+        with pytest.raises(UserError, match=needle):
+            read_plan(raw | {"reference": bad})

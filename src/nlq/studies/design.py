@@ -15,10 +15,14 @@ from pathlib import Path
 from nlq.config import RunConfig, update
 from nlq.overrides import apply_overrides
 
+WORDING = "reference"  # a plan's [reference] table: how its report words an outcome, not what the study runs
+
 
 def plan_hash(raw: dict) -> str:
-    """The hash of a parsed plan (its canonical JSON): what freezes a study directory to its plan."""
-    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+    """The hash of a parsed plan (its canonical JSON, without its [reference] wording): what freezes a study directory
+    to its plan."""
+    design = {key: value for key, value in raw.items() if key != WORDING}
+    return hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def changed_field(old, new, prefix: str = "") -> str | None:

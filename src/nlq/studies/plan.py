@@ -23,10 +23,12 @@ from nlq.data.labelled import is_labelled
 from nlq.errors import ConfigError, UserError
 from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset
-from nlq.studies.design import DataSpec, Variant
+from nlq.studies.design import WORDING, DataSpec, Variant, plan_hash
 
 SHIPPED = Path(__file__).resolve().parent.parent / "plans"
-TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design"}
+TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design", "reference"}
+REFERENCE = {"no_effect_words": "the words of an equivalence shown, e.g. \"no effect of the paper's size\"",
+             "paper_claim": "the paper's reported change in Δ's sign, e.g. \"-1.24% to -2.40%\""}
 SECTIONS = ("model", "data", "train", "dist")
 ENDPOINTS = ("full_val_loss", "val_loss")
 COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int, float), "seeds": list,
@@ -53,6 +55,22 @@ class Plan:
     def kind(self) -> str:
         """'lr-grid' (each arm selects its lr on the selection seeds) or 'fixed-lr' (one lr for every arm)."""
         return "lr-grid" if "lrs" in self.design else "fixed-lr"
+
+
+def reference_of(study: dict) -> dict:
+    """The [reference] wording of a plan study (study.json): its frozen plan's, or, for a study frozen before plans
+    carried one, the shipped plan of its name with the same design: the same hash (the wording is not hashed), or
+    for a study run before plan files, the same [design] as its settings."""
+    plan = study.get("plan") or {}
+    if WORDING in plan:
+        return plan[WORDING]
+    shipped = shipped_plans().get(study.get("name", ""))
+    if shipped is None:
+        return {}
+    raw = tomllib.loads(shipped.read_text(encoding="utf-8"))
+    frozen = study.get("plan_hash")
+    same = plan_hash(raw) == frozen if frozen else raw.get("design") == study.get("settings")
+    return raw.get(WORDING, {}) if same else {}
 
 
 def shipped_plans() -> dict[str, Path]:
@@ -103,6 +121,12 @@ def read_plan(raw: dict, where: str = "the plan", base: Path | None = None) -> P
     design |= {"borrowed": borrowed} if borrowed else {}
     spec = DataSpec(data["source"], data.get("tokenizer", ""), **({"val_fraction": float(data["val_fraction"])}
                                                                   if "val_fraction" in data else {}))
+    reference = raw.get("reference", {})
+    if not isinstance(reference, dict) or not all(isinstance(reference.get(k), str) for k in reference):
+        fail("reference", "must be a table of text: " + "; ".join(f"{k} ({v})" for k, v in REFERENCE.items()))
+    unknown = sorted(set(reference) - set(REFERENCE))
+    if unknown:
+        fail(f"reference.{unknown[0]}", f"is not known; [reference] has {', '.join(REFERENCE)}")
     description = raw.get("description", f"plan {name}")
     if not isinstance(description, str):
         fail("description", "must be text")

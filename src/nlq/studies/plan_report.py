@@ -15,7 +15,7 @@ from nlq.config import RunConfig
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.studies.engine import endpoints, has_grid, run_dir_of, run_records
-from nlq.studies.plan import check_settings
+from nlq.studies.plan import check_settings, reference_of
 from nlq.studies.plan_plots import plot_curve, plot_one_lr, plot_test
 from nlq.studies.plan_sections import (
     no_effect,
@@ -181,7 +181,8 @@ def grid_report(study_dir: Path, study: dict) -> str:
     if out:
         lines.append(f"Out (every lr diverged): {', '.join(out)}; their comparisons are not made.")
     margin_lines, outcome["selection_margins"] = selection_margins(picked, chosen, s, arms)
-    lines += margin_lines + selection_comparisons(picked, chosen, s, baseline, method)
+    lines += margin_lines + selection_comparisons(picked, chosen, s, baseline, method,
+                                                         reference_of(study).get("paper_claim"))
 
     runs = budget_runs
     loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nlq.fileio import read_json
 from nlq.studies.engine import run_dir_of
+from nlq.studies.plan import reference_of
 from nlq.studies.stats import (
     VERDICTS,
     decide,
@@ -244,15 +245,10 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
     return lines + ([""] + fragile if fragile else []), rows
 
 
-REGISTERED_WORDS = {"verdict", "verdict-lr"}  # their pre-registrations (docs/RESULTS.md) named the margin so
-
-
 def no_effect(study: dict) -> str:
-    """The words of the decision rule for equivalence shown: the margin stood for the paper's claimed gain in the
-    shipped pre-registrations; a plan of one's own says the margin itself."""
-    if study["name"] in REGISTERED_WORDS:
-        return "no effect of the paper's size"
-    return f"no effect beyond ±{study['settings']['margin']:g} nats"
+    """The words of the decision rule for equivalence shown: the plan's [reference] no_effect_words where it has them
+    (the shipped verdict plans: their margin stood for the paper's claimed gain), else the margin itself."""
+    return reference_of(study).get("no_effect_words") or f"no effect beyond ±{study['settings']['margin']:g} nats"
 
 
 def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
