@@ -255,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="tokenise a text source into train.bin / val.bin + meta.json")
     p.add_argument("--source", required=True, help="shakespeare, python-stdlib, PATH|DIR|GLOB of .txt/.md/.jsonl, "
                                                    "hf:NAME[:CONFIG]; or labelled examples: mnist1d[:N][:shuffled], "
-                                                   "digits")
+                                                   "digits, cifar10:DIR, imagefolder:DIR")
     p.add_argument("--tokenizer", help="for text: byte, bpe:N (e.g. bpe:8192), gpt2 or gpt2:DIR")
     p.add_argument("--out", required=True, help="output data directory")
     p.add_argument("--overwrite", action="store_true", help="replace a directory that holds another dataset")
