@@ -83,10 +83,10 @@ def fake_training(monkeypatch, summary=None) -> list:
 
 def two_variant_study(config, name="tiny", seeds=(1, 2), description="two variants"):
     """linear and nonlinear on one config, data from the config's data.dir (the byte data in tests)."""
-    from nlq.studies.design import DataSpec, Study, Variant
+    from nlq.studies.design import Arm, DataSpec, Study
 
-    return Study(name, description, config, [Variant("linear", {"model": {"query": "linear"}}),
-                                            Variant("nonlinear", {"model": {"query": "nonlinear"}})],
+    return Study(name, description, config, [Arm("linear", {"model": {"query": "linear"}}),
+                                            Arm("nonlinear", {"model": {"query": "nonlinear"}})],
                  seeds=list(seeds), data=DataSpec("unused", "byte"))
 
 

@@ -163,13 +163,13 @@ def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, 
     """study.json records the file and sha256 of a projection of one's own; a changed file is refused on the next
     start, as a changed plan is; nlq's own projections record nothing."""
     from helpers import fake_training, tiny_run_config
-    from nlq.studies.design import DataSpec, Study, Variant
+    from nlq.studies.design import Arm, DataSpec, Study
     from nlq.studies.study import run_study
 
     plugins.import_modules([str(plugin)])
     fake_training(monkeypatch)
-    study = Study("own", "", tiny_run_config(byte_data), [Variant("linear", {"model": {"query": "linear"}}),
-                                                          Variant("tanh", {"model": {"query": "tanh-query"}})],
+    study = Study("own", "", tiny_run_config(byte_data), [Arm("linear", {"model": {"query": "linear"}}),
+                                                          Arm("tanh", {"model": {"query": "tanh-query"}})],
                   seeds=[1], data=DataSpec("unused", "byte"))
     run_study(study, tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
     recorded = json.loads((tmp_path / "s" / "study.json").read_text())["projections"]
@@ -183,7 +183,7 @@ def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, 
 
     with pytest.raises(UserError, match="the code of a study's arm is frozen once it has run"):  # it said "0 tokens"
         dry_run_text(study, tmp_path / "s", data_dir=str(byte_data))
-    linear_only = Study("lin", "", tiny_run_config(byte_data), [Variant("linear", {"model": {"query": "linear"}})],
+    linear_only = Study("lin", "", tiny_run_config(byte_data), [Arm("linear", {"model": {"query": "linear"}})],
                         seeds=[1], data=DataSpec("unused", "byte"))
     run_study(linear_only, tmp_path / "lin", data_dir=str(byte_data), log=lambda *_: None)
     assert "projections" not in json.loads((tmp_path / "lin" / "study.json").read_text())

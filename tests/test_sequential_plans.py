@@ -106,7 +106,7 @@ def test_the_paper_plans_runs_train_at_a_tiny_shape_on_local_data(byte_data, tmp
                       "primary_tpp": 0.05}
     study = plan_study(read_plan(raw))
     first = next(study.run_stages(tmp_path / "study"))
-    arms = {run.variant.name for run in first}
+    arms = {run.arm.name for run in first}
     assert arms == {"linear", "nonlinear", "linear-qknorm", "nonlinear-qknorm"}
     for run in first[:2]:  # the first chain: its stable run, then its branch from the stable run's checkpoint
         config = run.config([], byte_data)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from helpers import TASK, fake_training, one_line_error, task_study, tiny_run_config, two_variant_study
-from nlq.studies.design import Variant
+from nlq.studies.design import Arm
 from nlq.studies.registry import build_report, get_study
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_delta
 from nlq.studies.study import run_study
@@ -38,7 +38,7 @@ def test_same_seed_means_same_batches_across_variants(byte_data, tmp_path):
     from nlq.studies.design import Run
 
     study = tiny_study(byte_data)
-    configs = [Run(study, v, 1, None).config([], byte_data) for v in study.variants]
+    configs = [Run(study, v, 1, None).config([], byte_data) for v in study.arms]
     assert configs[0].train == configs[1].train and configs[0].data == configs[1].data
     assert configs[0].model.query != configs[1].model.query
 
@@ -267,7 +267,7 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     from nlq.studies.sharding import parse_shard
 
     trained = fake_training(monkeypatch, summary=lambda *_: time.sleep(0.02) or {})  # both shards get work
-    variant = Variant("linear", {"model": {"query": "linear"}})
+    variant = Arm("linear", {"model": {"query": "linear"}})
     study = task_study("sharded", [variant])
     first = [Run(study, variant, seed, None, TASK, tag="first") for seed in range(1, 6)]
 

@@ -40,7 +40,7 @@ def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_ident
     from nlq.studies.sharding import shard_indices
 
     stage = next(study.run_stages(tmp_path))
-    shard_one = {stage[i].variant.name + str(stage[i].seed) for i in shard_indices(stage, 1, 2)}
+    shard_one = {stage[i].arm.name + str(stage[i].seed) for i in shard_indices(stage, 1, 2)}
     assert "linear101" in shard_one and "nonlinear102" in shard_one and "nonlinear101" not in shard_one
 
 

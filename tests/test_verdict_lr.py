@@ -201,7 +201,7 @@ def test_the_four_arms_of_a_test_seed_share_batches_and_every_initial_weight_the
     study = get_study("verdict-lr")
     lrs = {"linear": [1e-3], "nonlinear": [8e-3], "linear-qknorm": [2e-3], "nonlinear-qknorm": [1.6e-2]}
     runs = [r for r in chains(study, tmp_path, [211], lrs) if r.labels["stage"] == "budget"]
-    configs = {r.variant.name: r.config([], tmp_path / "data") for r in runs}
+    configs = {r.arm.name: r.config([], tmp_path / "data") for r in runs}
     assert sorted(configs) == sorted(lrs)
 
     def rest(config) -> dict:

@@ -22,13 +22,13 @@ from nlq.config import RunConfig, update
 from nlq.errors import UserError
 from nlq.fileio import atomic_write
 from nlq.presets import get_preset
-from nlq.studies.design import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, DataSpec, Study, Variant
+from nlq.studies.design import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, Arm, DataSpec, Study
 from nlq.studies.plots import plt, save_figure
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
 from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
 
 
-def _paper_variants(mlp: bool = True) -> list[Variant]:
+def _paper_variants(mlp: bool = True) -> list[Arm]:
     variants = [
         LINEAR, NONLINEAR, IDENTITY, RESIDUAL,
     ]
@@ -64,7 +64,7 @@ def cpu_lr() -> Study:
     base = update(cpu_base(), {"train": {"max_steps": 300, "warmup_steps": 30, "eval_every": 100,
                                          "checkpoint_every": 100}})
     variants = _paper_variants() + [
-        Variant("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
+        Arm("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
     ]
     return Study("cpu-lr",
                  "each variant at several peak learning rates, compared at its best (docs/METHOD.md, section 6)",
@@ -82,8 +82,8 @@ def encoder() -> Study:
 
 def kvo() -> Study:
     """Which placements of the nonlinear projection help: q (the paper), k, v, o, and q + k."""
-    def placed(name: str, note: str, **projections) -> Variant:
-        return Variant(name, {"model": {"projections": projections}}, note)
+    def placed(name: str, note: str, **projections) -> Arm:
+        return Arm(name, {"model": {"projections": projections}}, note)
 
     variants = [
         placed("linear", "baseline: every projection linear"),
@@ -101,9 +101,9 @@ def paper() -> Study:
     """GPT-3 small on OpenWebText with GPT-2 BPE, as the paper (for GPUs). The nonlinear run at the paper's
     higher peak lr is included beside the lr-matched one."""
     variants = [
-        Variant("linear", {"model": {"query": "linear"}}, "baseline, lr 6e-4"),
-        Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method at the baseline's lr"),
-        Variant("nonlinear-lr3.6e-3", {"model": {"query": "nonlinear"}, "train": {"lr": 3.6e-3, "min_lr": 2e-5}},
+        Arm("linear", {"model": {"query": "linear"}}, "baseline, lr 6e-4"),
+        Arm("nonlinear", {"model": {"query": "nonlinear"}}, "the method at the baseline's lr"),
+        Arm("nonlinear-lr3.6e-3", {"model": {"query": "nonlinear"}, "train": {"lr": 3.6e-3, "min_lr": 2e-5}},
                 "the method at the paper's v3 lr"),
         MLP_4_75,
     ]

@@ -1,4 +1,4 @@
-"""A study's design as data: its arms (Variant), the corpus it prepares (DataSpec), its settings (Study) and each
+"""A study's design as data: its arms (Arm), the corpus it prepares (DataSpec), its settings (Study) and each
 run it asks for (Run), with the hash that freezes a plan and the field where two plans differ. Nothing here trains
 or imports the trainer: reading a plan, dry-running it and writing its report need only this (study.py runs it).
 """
@@ -39,19 +39,19 @@ def changed_field(old, new, prefix: str = "") -> str | None:
 
 
 @dataclass(frozen=True)
-class Variant:
+class Arm:
     name: str
     changes: dict = field(default_factory=dict)  # nested {section: {field: value}}
     note: str = ""
 
 
-# The variants the studies share, defined once (a study may add its own, e.g. the paper's lr for the method).
-LINEAR = Variant("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q")
-NONLINEAR = Variant("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2")
-IDENTITY = Variant("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)")
-RESIDUAL = Variant("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, a linear control")
-MLP_4_5 = Variant("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)")
-MLP_4_75 = Variant("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)")
+# The arms the studies share, defined once (a study may add its own, e.g. the paper's lr for the method).
+LINEAR = Arm("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q")
+NONLINEAR = Arm("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2")
+IDENTITY = Arm("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)")
+RESIDUAL = Arm("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, a linear control")
+MLP_4_5 = Arm("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)")
+MLP_4_75 = Arm("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)")
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Study:
     name: str
     description: str
     base: RunConfig
-    variants: list[Variant]
+    arms: list[Arm]  # study.json keeps the key "variants" (committed studies are read as they are)
     seeds: list[int]
     data: DataSpec
     lrs: list[float] | None = None  # peak learning rates to sweep; None: the base's train.lr
@@ -84,7 +84,7 @@ class Study:
     def runs(self) -> list[Run]:
         """Seed-major order, so an interrupted study has complete seeds to compare."""
         lrs = self.lrs or [None]
-        return [Run(self, v, seed, lr) for seed in self.seeds for lr in lrs for v in self.variants]
+        return [Run(self, v, seed, lr) for seed in self.seeds for lr in lrs for v in self.arms]
 
     def run_stages(self, study_dir: Path) -> Iterator[list[Run]]:
         if self.stages is None:
@@ -95,7 +95,7 @@ class Study:
     def describe(self) -> dict:
         described = {"name": self.name, "description": self.description, "baseline": self.baseline,
                      "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
-                     "variants": [dataclasses.asdict(v) for v in self.variants], "data": dataclasses.asdict(self.data)}
+                     "variants": [dataclasses.asdict(v) for v in self.arms], "data": dataclasses.asdict(self.data)}
         described |= {"settings": self.settings} if self.settings else {}
         plan = {"plan": self.plan, "plan_hash": plan_hash(self.plan)} if self.plan is not None else {}
         return described | plan
@@ -104,10 +104,10 @@ class Study:
 @dataclass(frozen=True)
 class Run:
     study: Study
-    variant: Variant
+    arm: Arm
     seed: int
     lr: float | None
-    changes: dict = field(default_factory=dict)  # this run's own deltas on top of the variant's (width, budget)
+    changes: dict = field(default_factory=dict)  # this run's own deltas on top of the arm's (width, budget)
     tag: str = ""  # name prefix, e.g. "d64-tpp20"
     suffix: str = ""  # name suffix, e.g. "-stable" for the shared stable phase of WSD branches
     labels: dict = field(default_factory=dict)  # recorded in study.json for the report (width, budget, stage)
@@ -122,10 +122,10 @@ class Run:
     @property
     def name(self) -> str:
         lr = f"-lr{self.lr:g}" if self.lr is not None and self.lr_in_name else ""
-        return f"{self.tag + '-' if self.tag else ''}{self.variant.name}{lr}-s{self.seed}{self.suffix}"
+        return f"{self.tag + '-' if self.tag else ''}{self.arm.name}{lr}-s{self.seed}{self.suffix}"
 
     def config(self, overrides: list[str], data_dir: Path) -> RunConfig:
-        config = update(self.study.base, self.variant.changes)
+        config = update(self.study.base, self.arm.changes)
         train = {"seed": self.seed}
         if self.lr is not None:
             train.update(lr=self.lr, min_lr=self.lr * self.study.min_lr_ratio if self.min_lr is None else self.min_lr)

@@ -42,7 +42,7 @@ def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[
     s = study.settings
     runs = []
     for i, seed in enumerate(seeds):
-        arms = [v for v in study.variants if lrs.get(v.name) and v.name not in borrowed_arms(s)]
+        arms = [v for v in study.arms if lrs.get(v.name) and v.name not in borrowed_arms(s)]
         arms = arms if i % 2 == 0 else arms[::-1]
         for lr in sorted({lr for v in arms for lr in lrs[v.name]}):
             min_lr = lr * s["min_lr_ratio"] if has_grid(s) else s["min_lr"]
@@ -85,7 +85,7 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
 def selected_lrs(study: Study, study_dir: Path):
     """The stages of a grid plan's selection, one at a time; its return value (what `yield from` gives) is each
     arm's selected lr."""
-    s, arms = study.settings, [v.name for v in study.variants]
+    s, arms = study.settings, [v.name for v in study.arms]
 
     def means() -> dict[str, dict]:
         ended = endpoints(study_dir, read_json(study_dir / "study.json", "the study's description"),
@@ -161,7 +161,7 @@ def arms_text(study: Study) -> str:
     and where an arm is borrowed from."""
     s = study.settings
     counts = {v.name: non_embedding_parameters(update(update(study.base, v.changes), {"model": s["shape"]}))
-              for v in study.variants}
+              for v in study.arms}
     baseline = s["primary"][0]
     lines = []
     for arm, count in counts.items():
@@ -179,7 +179,7 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     extended max_extensions times each way) and of the test; borrowed arms cost nothing here. Hours only at a pace
     measured here: the median tokens/s of the study's own finished runs, once there are some."""
     s = study.settings
-    arms = [v for v in study.variants if v.name not in borrowed_arms(s)]
+    arms = [v for v in study.arms if v.name not in borrowed_arms(s)]
     per_chain = chain_tokens(update(study.base, {"model": s["shape"]}), s["shape"], s["budgets_tpp"])
     stages = [("test", len(arms) * len(s["seeds"]))]
     if has_grid(s):
@@ -207,7 +207,7 @@ def gpu_hours_text(study: Study, per_chain: int, stages: list[tuple[str, int]]) 
     with no difference and at the planning difference (normal approximation; the secondary arms train the seeds
     the test used)."""
     s = study.settings
-    arms = [v for v in study.variants if v.name not in borrowed_arms(s)]
+    arms = [v for v in study.arms if v.name not in borrowed_arms(s)]
     flops = sum(flops_per_token(update(update(study.base, v.changes), {"model": s["shape"]})) for v in arms) / len(arms)
     hours = per_chain * flops / (s["mfu"] * s["gpu_peak_tflops"] * 1e12) / 3600  # one chain
     parts = [f"{name} {n * hours:,.0f}" for name, n in stages]
@@ -238,7 +238,7 @@ def shared_start_text(study: Study, limit: int = 20_000_000) -> str:
     parameters."""
     s = study.settings
     baseline = s["primary"][0]
-    configs = {v.name: update(update(study.base, v.changes), {"model": s["shape"]}).model for v in study.variants}
+    configs = {v.name: update(update(study.base, v.changes), {"model": s["shape"]}).model for v in study.arms}
     if configs[baseline].approx_parameters() > limit:
         return f"shared initial weights: not checked here (models over {limit:,} parameters)"
     states = {arm: Transformer(cfg, seed=s["seeds"][0]).state_dict() for arm, cfg in configs.items()}

@@ -85,7 +85,7 @@ def check_overrides(study, runs: list, overrides: list[str]) -> None:
     a one-line error naming the field. Fields the study leaves alone may be overridden (they are recorded)."""
     designed = set()
     for run in runs:
-        designed |= dotted_keys(run.variant.changes) | dotted_keys(run.changes) | {"train.seed"}
+        designed |= dotted_keys(run.arm.changes) | dotted_keys(run.changes) | {"train.seed"}
         if run.lr is not None:
             designed |= {"train.lr", "train.min_lr"}
     designed = {ALIASES.get(k, k) for k in designed}

@@ -23,7 +23,7 @@ from nlq.data.labelled import is_labelled
 from nlq.errors import ConfigError, UserError
 from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset
-from nlq.studies.design import WORDING, DataSpec, Variant, plan_hash
+from nlq.studies.design import WORDING, Arm, DataSpec, plan_hash
 
 SHIPPED = Path(__file__).resolve().parent.parent / "plans"
 TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design", "reference"}
@@ -47,7 +47,7 @@ class Plan:
     description: str
     data: DataSpec
     base: RunConfig
-    arms: list[Variant]
+    arms: list[Arm]
     design: dict  # the study's settings, as written (study.json)
     raw: dict  # the whole file as parsed: what is frozen
 
@@ -171,7 +171,7 @@ def _base(table: dict, fail) -> RunConfig:
         fail("base", f"sets a bad value: {e}")
 
 
-def _arms(arms, base: RunConfig, fail) -> list[Variant]:
+def _arms(arms, base: RunConfig, fail) -> list[Arm]:
     if not isinstance(arms, list) or len(arms) < 2 or not all(isinstance(a, dict) for a in arms):
         fail("arms", "must list at least two [[arms]] tables, each with a name and config changes")
     out = []
@@ -187,7 +187,7 @@ def _arms(arms, base: RunConfig, fail) -> list[Variant]:
             update(base, changes)
         except ConfigError as e:
             fail(f"arms[{i}] ({name})", f"sets a bad value: {e}")
-        out.append(Variant(name, changes, str(arm.get("note", ""))))
+        out.append(Arm(name, changes, str(arm.get("note", ""))))
     names = [a.name for a in out]
     if len(set(names)) < len(names):
         repeated = sorted({n for n in names if names.count(n) > 1})

@@ -55,7 +55,7 @@ def probe_runs(study: Study) -> list[Run]:
             changes = {"model": {"n_embd": width, "n_head": max(1, width // 16), "block_size": spec["block"]},
                        "data": {"task": spec["task"], "task_vocab": spec["vocab"], "task_pairs": spec["pairs"]}}
             for seed in study.seeds:
-                for variant in study.variants:
+                for variant in study.arms:
                     runs.append(Run(study, variant, seed, None, changes, tag=f"{task_name}-d{width}",
                                     labels={"stage": "probe", "task": task_name, "width": width}))
     return runs

@@ -60,7 +60,7 @@ def sweep_runs(study: Study) -> list[Run]:
         steps = budget_steps(study.base, spec["shape"], spec["sweep_tpp"])
         changes = merge_changes({"model": dict(spec["shape"])}, {"train": {"max_steps": steps, "eval_every": steps}})
         for lr in spec["lrs"]:
-            for variant in study.variants:
+            for variant in study.arms:
                 runs.append(Run(study, variant, study.settings["sweep_seed"], lr, changes, tag=f"sweep-{width}",
                                 labels={"stage": "lr-sweep", "width": width, "tpp": spec["sweep_tpp"]}))
     return runs
@@ -71,7 +71,7 @@ def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
     losses: dict[tuple[str, str], dict[float, float]] = {}
     for run in runs:
         summary = read_json(study_dir / "runs" / run.name / "summary.json", "a run summary")
-        losses.setdefault((run.labels["width"], run.variant.name), {})[run.lr] = summary["val_loss"]
+        losses.setdefault((run.labels["width"], run.arm.name), {})[run.lr] = summary["val_loss"]
     return {key: lowest(by_lr) for key, by_lr in losses.items()}
 
 
@@ -84,7 +84,7 @@ def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float]
     for width, budgets in budgets_by_width.items():
         shape = study.settings["widths"][width]["shape"]
         for seed in study.seeds:
-            for variant in study.variants:
+            for variant in study.arms:
                 lr = lrs[(width, variant.name)]
                 chains.append(wsd_chain(study, variant, seed, study_dir, width=width, shape=shape, budgets_tpp=budgets,
                                         lr=lr, min_lr=lr * study.min_lr_ratio))
@@ -133,7 +133,7 @@ def scaling_shared_lr(widths: dict | None = None, seeds: list[int] | None = None
                   seeds=list(seeds or SEEDS), data=DATA, report="scaling", settings={"widths": widths, "lr": SHARED_LR})
 
     def stages(study_dir: Path):
-        lrs = {(width, v.name): SHARED_LR for width in widths for v in study.variants}
+        lrs = {(width, v.name): SHARED_LR for width in widths for v in study.arms}
         yield budget_runs(study, study_dir, lrs, {width: spec["budgets"] for width, spec in widths.items()})
 
     study.stages = stages

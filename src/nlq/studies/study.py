@@ -77,7 +77,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     for number, stage in enumerate(study.run_stages(study_dir), start=1):
         frozen.check_overrides(study, stage, overrides)
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
-        recorded += [{"name": r.name, "variant": r.variant.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
+        recorded += [{"name": r.name, "variant": r.arm.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
                      for r, c in zip(stage, configs)]
         own = frozen.frozen_own_code(study_dir, [c.model for c in configs])  # the user's own projections, by hash
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
@@ -201,7 +201,7 @@ def _train_unless_ended(run: Run, config: RunConfig, run_dir: Path, tag: str, et
             diverged_chains.setdefault(run.chain, run.name)
         log(f"{tag}: diverged (see {run_dir / DIVERGED}), skipped")
         return None
-    log(f"{tag}: {run.variant.note or run.variant.name}{eta}")
+    log(f"{tag}: {run.arm.note or run.arm.name}{eta}")
     run_start = time.perf_counter()
     try:
         _train_run(config, run_dir)

@@ -17,7 +17,7 @@ from nlq.errors import UserError
 from nlq.model import Transformer
 from nlq.overrides import merge_changes
 from nlq.schedule import cooldown_start
-from nlq.studies.design import Run, Study, Variant
+from nlq.studies.design import Arm, Run, Study
 
 
 def non_embedding_parameters(config: RunConfig) -> int:
@@ -59,7 +59,7 @@ def step_tokens(config: RunConfig) -> int:
     return config.train.batch_tokens or config.train.batch_size * config.model.block_size
 
 
-def wsd_chain(study: Study, variant: Variant, seed: int, study_dir: Path, *, width: str, shape: dict,
+def wsd_chain(study: Study, variant: Arm, seed: int, study_dir: Path, *, width: str, shape: dict,
               budgets_tpp: list[float], lr: float, min_lr: float, branch: dict | None = None,
               lr_in_name: bool = False) -> list[list[Run]]:
     """The runs of one (variant, seed), level by level: a level is the stable segment up to a budget's cooldown
