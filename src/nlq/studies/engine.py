@@ -25,7 +25,7 @@ from nlq.model import Transformer
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
 from nlq.studies.design import Run, Study
-from nlq.studies.plan import Plan
+from nlq.studies.plan import Plan, design_kind
 from nlq.studies.selection import grid_step, lr_means
 from nlq.studies.sequential import look, operating, spending_bounds
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
@@ -33,7 +33,7 @@ from nlq.studies.wsd import chain_tokens, flops_per_token, non_embedding_paramet
 
 
 def has_grid(settings: dict) -> bool:
-    return "lrs" in settings
+    return design_kind(settings) == "lr-grid"
 
 
 def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]]) -> list[Run]:

@@ -53,8 +53,13 @@ class Plan:
 
     @property
     def kind(self) -> str:
-        """'lr-grid' (each arm selects its lr on the selection seeds) or 'fixed-lr' (one lr for every arm)."""
-        return "lr-grid" if "lrs" in self.design else "fixed-lr"
+        return design_kind(self.design)
+
+
+def design_kind(design: dict) -> str:
+    """'lr-grid' (each arm selects its lr on the selection seeds) or 'fixed-lr' (one lr for every arm): the one place
+    a design's kind is read, by the engine, its report and Plan.kind."""
+    return "lr-grid" if "lrs" in design else "fixed-lr"
 
 
 def reference_of(study: dict) -> dict:
