@@ -244,7 +244,7 @@ def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_pa
 
 
 def test_paired_curve_is_the_per_step_paired_difference():
-    from nlq.studies.comparison import paired_curve
+    from nlq.studies.plots import paired_curve
     from nlq.studies.tables import RunResult
 
     def run(seed, curve):

@@ -23,7 +23,7 @@ from nlq.errors import UserError
 from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.studies.design import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, Arm, DataSpec, Study
-from nlq.studies.plots import plt, save_figure
+from nlq.studies.plots import plot_loss_vs_params, plot_paired_curves, plot_val_curves
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
 from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
 
@@ -159,9 +159,9 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
                                              "fit": list(fit) if fit else None})
     markdown = _markdown(study, rows, paired, family, fit, base_params, len(results), baseline, lrs)
     _write_csv(study_dir / "results.csv", results)
-    _plot_curves(study_dir / "val_curves.png", by_variant, study["name"])
-    _plot_params(study_dir / "loss_vs_params.png", rows, family, fit)
-    _plot_paired_curves(study_dir / "paired_curves.png", by_variant, baseline, study["name"])
+    plot_val_curves(study_dir / "val_curves.png", by_variant, study["name"])
+    plot_loss_vs_params(study_dir / "loss_vs_params.png", rows, family, fit)
+    plot_paired_curves(study_dir / "paired_curves.png", by_variant, baseline, study["name"])
     atomic_write(study_dir / "report.md", markdown)
     return markdown
 
@@ -220,63 +220,3 @@ def _write_csv(path: Path, results: list[RunResult]) -> None:
         writer.writerow([r.name, r.variant, r.lr, r.seed, r.params, f"{r.val_loss:.6f}", f"{math.exp(r.val_loss):.4f}",
                          f"{r.val_bpb:.6f}", f"{r.tokens_per_s:.1f}"])
     atomic_write(path, buffer.getvalue())
-
-
-def _plot_curves(path: Path, by_variant: dict[str, list[RunResult]], title: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, runs in by_variant.items():
-        steps = sorted(set.intersection(*(set(s for s, _ in r.curve) for r in runs)) - {0})
-        values = np.array([[dict(r.curve)[s] for s in steps] for r in runs])  # (seeds, steps)
-        line, = ax.plot(steps, values.mean(0), label=variant, marker=".")
-        ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.15)
-    ax.set(xlabel="step", ylabel="val loss (nats/token)", title=f"{title}: validation loss")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    save_figure(fig, path)
-
-
-def paired_curve(runs: list[RunResult], base_runs: list[RunResult]) -> list[tuple[int, dict]]:
-    """(step, paired difference variant - baseline over the seeds both have at that eval step)."""
-    base = {r.seed: dict(r.curve) for r in base_runs}
-    mine = {r.seed: dict(r.curve) for r in runs if r.seed in base}
-    steps = sorted(set.intersection(*(set(c) & set(base[s]) for s, c in mine.items()))) if mine else []
-    return [(step, paired_difference([mine[s][step] for s in mine], [base[s][step] for s in mine])) for step in steps]
-
-
-def _plot_paired_curves(path: Path, by_variant: dict[str, list[RunResult]], baseline: str, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, runs in by_variant.items():
-        if variant == baseline:
-            continue
-        points = paired_curve(runs, by_variant[baseline])
-        if not points:
-            continue
-        steps = [s for s, _ in points]
-        line, = ax.plot(steps, [p["mean"] for _, p in points], marker=".", label=variant)
-        if not any(math.isnan(p["low"]) for _, p in points):
-            ax.fill_between(steps, [p["low"] for _, p in points], [p["high"] for _, p in points],
-                            color=line.get_color(),
-                            alpha=0.15)
-    ax.axhline(0.0, color="k", lw=0.8)
-    ax.set(xlabel="step", ylabel=f"val loss - {baseline} (nats; < 0 is better)",
-           title=f"{title}: paired difference to {baseline}, 95% interval")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    save_figure(fig, path)
-
-
-def _plot_params(path: Path, rows: list[dict], family: list[str], fit) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in rows:
-        marker = "o" if r["variant"] in family else "*"
-        std = 0.0 if math.isnan(r["val_loss_std"]) else r["val_loss_std"]  # the seed spread, often larger than the gaps
-        ax.errorbar(r["params"], r["val_loss"], yerr=std, fmt=marker, markersize=7 if marker == "o" else 11, capsize=4)
-        ax.annotate(r["variant"], (r["params"], r["val_loss"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    if fit is not None:
-        ns = np.linspace(min(r["params"] for r in rows) * 0.95, max(r["params"] for r in rows) * 1.05, 50)
-        ax.plot(ns, fit[0] + fit[1] * np.log(ns), "k--", lw=1, label="fit over the width family")
-        ax.legend()
-    ax.set(xlabel="non-embedding parameters", ylabel="final val loss (mean ± std over seeds)",
-           title="loss vs parameters")
-    ax.grid(alpha=0.3)
-    save_figure(fig, path)

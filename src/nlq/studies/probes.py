@@ -17,7 +17,7 @@ from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.runs.metrics import read_metrics
 from nlq.studies.design import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
-from nlq.studies.plots import plt, save_figure
+from nlq.studies.plots import plot_probe_accuracy, plot_probe_curves
 from nlq.studies.stats import holm, holm_verdicts, mean_std, median, paired_difference
 from nlq.studies.tables import load_summaries, write_result, write_runs_csv
 
@@ -142,8 +142,8 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
               "Plots: `probes_accuracy.png` (final held-out accuracy against width: a line per variant through the "
               "mean, each seed a dot; variants are drawn side by side, so none hides another); `probes_curves.png` "
               "(held-out accuracy over training steps, each seed its own line, a panel per task and width).", ""]
-    _plot_accuracy(study_dir / "probes_accuracy.png", cells, variants)
-    _plot_curves(study_dir / "probes_curves.png", runs, variants, threshold)
+    plot_probe_accuracy(study_dir / "probes_accuracy.png", cells, variants)
+    plot_probe_curves(study_dir / "probes_curves.png", runs, variants, threshold)
     write_runs_csv(study_dir / "results.csv", runs,
                    ["name", "task", "width", "variant", "seed", "val_acc", "val_loss", "steps_to_solve"])
     markdown = "\n".join(lines)
@@ -202,57 +202,3 @@ def format_pooled_rows(rows: list[dict]) -> list[str]:
             lines.append(head + f" {r['wins']} | {r['losses']} | {r['p']:.3g} | {adjusted[id(r)]:.3g} | "
                                 f"{median_text} |")
     return lines
-
-
-def _plot_curves(path: Path, runs: list[dict], variants: list[str], threshold: float) -> None:
-    """Held-out accuracy over training, a panel per (task, width), each seed its own line: a run either leaves the
-    plateau or not, and a mean over seeds would draw a partial curve no run followed."""
-    panels = list(dict.fromkeys((r["task"], r["width"]) for r in runs))
-    if not panels:
-        return
-    columns = min(4, len(panels))
-    rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows), squeeze=False)
-    colors = {v: f"C{i}" for i, v in enumerate(variants)}
-    for ax, (task, width) in zip(axes.flat, panels):
-        for variant in variants:
-            mine = [r for r in runs if (r["task"], r["width"], r["variant"]) == (task, width, variant)]
-            for i, r in enumerate(sorted(mine, key=lambda r: r["seed"])):
-                steps = sorted(r["curve"])
-                ax.plot(steps, [r["curve"][s] for s in steps], color=colors[variant], lw=0.9, alpha=0.75,
-                        label=variant if i == 0 else None)
-        ax.axhline(threshold, color="grey", lw=0.6, ls=":")
-        ax.set(title=f"{task}, d {width}", xlabel="step", ylabel="held-out accuracy", ylim=(0, 1.02))
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    axes[0][0].legend(fontsize=7)
-    save_figure(fig, path)
-
-
-def _plot_accuracy(path: Path, cells: dict, variants: list[str]) -> None:
-    """Final held-out accuracy against width, a panel per task; the variants sit side by side around each width
-    (a small offset on the log axis) with their own marker and line style, each seed a dot."""
-    tasks = list(dict.fromkeys(t for t, _, _ in cells))
-    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.6), squeeze=False)
-    markers, styles = "osD^v", ["-", "--", "-.", ":", "-"]
-    for ax, task in zip(axes[0], tasks):
-        for i, variant in enumerate(variants):
-            points = sorted((w, accs) for (t, w, v), accs in cells.items() if t == task and v == variant)
-            if not points:
-                continue
-            shift = 2 ** (0.07 * (i - (len(variants) - 1) / 2))
-            x = [w * shift for w, _ in points]
-            line, = ax.plot(x, [sum(a) / len(a) for _, a in points], marker=markers[i % 5], ls=styles[i % 5],
-                            label=variant, markersize=6, mfc="none")
-            for xi, (_, accs) in zip(x, points):
-                ax.scatter([xi] * len(accs), accs, s=9, color=line.get_color(), alpha=0.6)
-        widths = sorted({w for t, w, _ in cells if t == task})
-        ax.set_xscale("log", base=2)
-        ax.minorticks_off()
-        ax.set(xlabel="width d", ylabel="held-out accuracy", title=task, ylim=(-0.02, 1.04),
-               xlim=(min(widths) / 1.4, max(widths) * 1.4))
-        ax.set_xticks(widths, labels=[str(w) for w in widths])
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    save_figure(fig, path)

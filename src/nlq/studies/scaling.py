@@ -25,7 +25,7 @@ from nlq.fileio import atomic_write, read_json
 from nlq.overrides import merge_changes
 from nlq.presets import get_preset
 from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
-from nlq.studies.plots import plt, save_figure
+from nlq.studies.plots import plot_scaling_deltas
 from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.tables import interval_text, load_summaries, markdown_table, write_result, write_runs_csv
@@ -210,7 +210,7 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
         "lrs": [{"width": w, "variant": v, "lr": lr} for (w, v), lr in lrs.items()]})
     lines += ["", "Plot: `scaling_delta.png` (each seed's Δ as a dot; the mean with its 95% interval band, unadjusted, "
               "against tokens per parameter; the legend gives each variant's peak lr and its pairs).", ""]
-    _plot_deltas(study_dir / "scaling_delta.png", deltas, lrs, study["name"])
+    plot_scaling_deltas(study_dir / "scaling_delta.png", deltas, lrs, study["name"])
     write_runs_csv(study_dir / "results.csv", runs, ["name", "stage", "width", "tpp", "variant", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss"])
     markdown = "\n".join(lines)
@@ -278,32 +278,3 @@ def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[s
 
 def _p(p: float) -> str:
     return "" if math.isnan(p) else f"{p:.3g}"
-
-
-def _plot_deltas(path: Path, deltas: dict, lrs: dict, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for (width, variant) in dict.fromkeys((w, v) for w, v, _ in deltas):
-        points = sorted((tpp, p) for (w, v, tpp), p in deltas.items() if (w, v) == (width, variant))
-        x = [tpp for tpp, _ in points]
-        style = "-" if variant == "nonlinear" else "--"
-        pairs = sorted({p["n"] for _, p in points})
-        n = f"n={pairs[0]}" if len(pairs) == 1 else f"n={pairs[0]}-{pairs[-1]}"
-        lr = f"lr {lrs[(width, variant)]:g}, linear's {lrs[(width, 'linear')]:g}" if (width, "linear") in lrs else ""
-        line, = ax.plot(x, [p["mean"] for _, p in points], style, marker="o", label=f"{variant}, {width} ({lr}, {n})")
-        for tpp, p in points:  # each seed's Δ
-            ax.scatter([tpp] * len(p["deltas"]), p["deltas"], s=10, color=line.get_color(), alpha=0.5, zorder=1)
-        banded = [(tpp, p) for tpp, p in points if not math.isnan(p["low"])]  # one-seed points have no band
-        if banded:
-            ax.fill_between([t for t, _ in banded], [p["low"] for _, p in banded], [p["high"] for _, p in banded],
-                            color=line.get_color(), alpha=0.15)
-    ax.axhline(0.0, color="k", lw=0.8)
-    ax.set_xscale("log")
-    ax.minorticks_off()
-    budgets = sorted({tpp for _, _, tpp in deltas})
-    ax.set_xticks(budgets, labels=[f"{t:g}" for t in budgets])
-    ax.set(xlabel="training tokens per non-embedding parameter",
-           ylabel="Δ val loss vs linear (nats; < 0 is better)", title=f"{title}: paired Δ, seeds and 95% interval")
-    ax.grid(alpha=0.3)
-    if deltas:
-        ax.legend(fontsize=8)
-    save_figure(fig, path)
