@@ -202,19 +202,24 @@ def test_report_collect_copies_the_finished_runs_without_checkpoints_and_reports
     assert (tmp_path / "results" / "report.md").is_file() and "finished runs ->" in capsys.readouterr().out
 
 
-def test_collect_keeps_a_stable_run_back_until_its_chain_has_ended(tmp_path):
+@pytest.mark.parametrize("named", [False, True])  # study.json before and after it names each run's chain
+def test_collect_keeps_a_stable_run_back_until_its_chain_has_ended(tmp_path, named):
     """A copy holds no checkpoints: a WSD stable run whose budget branch has not finished is not copied yet (a study
     resumed from the copy would find it finished and its branch without the checkpoint to start from)."""
     from nlq.studies.collect import collect
 
     study = tmp_path / "study"
     chain = {"variant": "linear", "lr": 2e-3, "width": "d64"}
+
+    def of(seed):  # a branch's record names its chain (the stable run) in study.json written since 2026-12-04
+        return {"chain": f"d64-linear-s{seed}-stable"} if named else {}
+
     runs = [{"name": "d64-linear-s1-stable", "seed": 1, "stage": "stable", **chain},
-            {"name": "d64-tpp10-linear-s1", "seed": 1, "stage": "budget", "tpp": 10, **chain},
-            {"name": "d64-tpp20-linear-s1", "seed": 1, "stage": "budget", "tpp": 20, **chain},
+            {"name": "d64-tpp10-linear-s1", "seed": 1, "stage": "budget", "tpp": 10, **chain, **of(1)},
+            {"name": "d64-tpp20-linear-s1", "seed": 1, "stage": "budget", "tpp": 20, **chain, **of(1)},
             {"name": "d64-linear-s2-stable", "seed": 2, "stage": "stable", **chain},
-            {"name": "d64-tpp10-linear-s2", "seed": 2, "stage": "budget", "tpp": 10, **chain},
-            {"name": "d64-tpp20-linear-s2", "seed": 2, "stage": "budget", "tpp": 20, **chain}]
+            {"name": "d64-tpp10-linear-s2", "seed": 2, "stage": "budget", "tpp": 10, **chain, **of(2)},
+            {"name": "d64-tpp20-linear-s2", "seed": 2, "stage": "budget", "tpp": 20, **chain, **of(2)}]
     study.mkdir()
     (study / "study.json").write_text(json.dumps({"name": "x", "runs": runs}))
     for run in runs:

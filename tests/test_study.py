@@ -274,7 +274,8 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     def stages(study_dir):
         yield first
         assert all((study_dir / "runs" / r.name / "summary.json").is_file() for r in first)  # both shards done
-        yield [Run(study, variant, 1, None, TASK, tag=f"g{g}-{part}", group=f"g{g}") for g in range(3) for part in "ab"]
+        yield [Run(study, variant, 1, None, TASK, tag=f"g{g}-{part}", chain_name=f"g{g}")
+               for g in range(3) for part in "ab"]
 
     study.stages = stages
     shard_two = threading.Thread(target=run_study, name="2", args=(study, tmp_path),

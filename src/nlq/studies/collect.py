@@ -35,8 +35,10 @@ def branch_sources(study_dir: Path) -> set[str]:
     path = study_dir / "study.json"
     runs = read_json(path, "the study's description").get("runs", []) if path.is_file() else []
 
-    def chain(r: dict) -> tuple:
-        return r.get("variant"), r.get("seed"), r.get("lr"), r.get("width")
+    def chain(r: dict):  # study.json names a run's chain; studies recorded before it did, by its arm, seed, lr, width
+        if r.get("stage") == "stable" and "chain" not in r and any("chain" in other for other in runs):
+            return r["name"]
+        return r.get("chain") or (r.get("variant"), r.get("seed"), r.get("lr"), r.get("width"))
 
     open_chains = {chain(r) for r in runs if r.get("stage") == "budget"
                    and not (study_dir / "runs" / r["name"] / "summary.json").is_file()}

@@ -111,13 +111,13 @@ class Run:
     tag: str = ""  # name prefix, e.g. "d64-tpp20"
     suffix: str = ""  # name suffix, e.g. "-stable" for the shared stable phase of WSD branches
     labels: dict = field(default_factory=dict)  # recorded in study.json for the report (width, budget, stage)
-    group: str = ""  # runs that must run in order in one process (a WSD stable run and its branches); "": itself
+    chain_name: str = ""  # the chain it belongs to, run in order in one process (a WSD stable run and its branches)
     min_lr: float | None = None  # None: lr x the study's min_lr_ratio (the one place a run's min lr is set)
     lr_in_name: bool = True  # False: a study of one lr per arm keeps the lr out of the run names
 
     @property
     def chain(self) -> str:
-        return self.group or self.name
+        return self.chain_name or self.name  # a run of no chain is one of its own
 
     @property
     def name(self) -> str:

@@ -64,7 +64,7 @@ def wsd_chain(study: Study, variant: Arm, seed: int, study_dir: Path, *, width: 
               lr_in_name: bool = False) -> list[list[Run]]:
     """The runs of one (variant, seed), level by level: a level is the stable segment up to a budget's cooldown
     (none for a budget too short to have one) and that budget's branch; the levels must run in order, in one
-    process (the runs share the group of the stable run). branch: more changes for the branches. lr_in_name:
+    process (the runs share the chain of the stable run). branch: more changes for the branches. lr_in_name:
     the runs' names carry the lr (for studies with chains of one variant and seed at several lrs)."""
     steps = [budget_steps(study.base, shape, tpp) for tpp in budgets_tpp]
     if sorted(set(steps)) != steps:  # each level continues the stable run where the one before stopped
@@ -83,14 +83,14 @@ def wsd_chain(study: Study, variant: Arm, seed: int, study_dir: Path, *, width: 
             level.append(Run(study, variant, seed, lr, merge_changes(common, {"train": {
                 "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
                 "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
-                labels={"stage": "stable", "width": width}, group=stable.name, **at))
+                labels={"stage": "stable", "width": width}, chain_name=stable.name, **at))
         changes = {"max_steps": budget, "eval_every": budget}
         if start > 0:
             changes["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
         level.append(Run(study, variant, seed, lr, merge_changes(common, {"train": changes}, branch or {}),
                          tag=f"{width}-tpp{tpp:g}", labels={"stage": "budget", "width": width, "tpp": tpp,
                                                             "steps": budget},
-                         group=stable.name, **at))
+                         chain_name=stable.name, **at))
         levels.append(level)
     return levels
 
