@@ -76,12 +76,13 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
              f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
              f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
              f"inconclusive."] + looks_text(s) + arms_table(study_dir, runs, s) + [""]
-    tested = test_seeds(study_dir, s) or seeds  # a sequential test: the seeds up to the look where it ended
+    ended = test_seeds(study_dir, s)  # a sequential test: the seeds up to the look where it ended (None: running)
+    tested = ended or seeds
     pairs = pairs_of(loss, baseline, method, tested, primary_tpp, s["endpoint"])
     finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
     finished |= {v: len(pairs_of(loss, baseline, v, seeds, primary_tpp, s["endpoint"])) for v in s["secondary"]}
     outcome = {"registered_pairs": len(seeds), "finished_pairs": finished}
-    if test_seeds(study_dir, s) is None:
+    if ended is None:
         lines += [running_text(study_dir, s), ""]
         return write_outcome(study_dir, lines, outcome)
     if len(pairs) < len(tested):
@@ -189,13 +190,14 @@ def grid_report(study_dir: Path, study: dict) -> str:
             if r["seed"] in s["seeds"] and chosen[r["variant"]]["lr"] is not None
             and r["lr"] == chosen[r["variant"]]["lr"]}
     tested = endpoints(study_dir, study, s["seeds"])
-    seeds = test_seeds(study_dir, s) or s["seeds"]  # a sequential test: the seeds up to the look where it ended
+    ended = test_seeds(study_dir, s)  # a sequential test: the seeds up to the look where it ended (None: running)
+    seeds = ended or s["seeds"]
     pairs = pairs_of(loss, baseline, method, seeds, s["primary_tpp"], s["endpoint"])
     diverged = sorted({seed for (arm, lr, seed), value in tested.items()
                        if value is None and arm in s["primary"] and lr == chosen[arm]["lr"] and seed in seeds})
     outcome["finished_pairs"] = {method: len(pairs)}
     lines += ["", "## The test", ""] + looks_text(s)
-    if test_seeds(study_dir, s) is None:
+    if ended is None:
         lines.append(running_text(study_dir, s))
         return write_outcome(study_dir, lines, outcome)
     if len(pairs) + len(diverged) < len(seeds):
