@@ -27,7 +27,7 @@ def test_info_prints_paper_counts(capsys, override, count):
 @pytest.mark.parametrize("argv,needle", [
     (["info", "gpt3-small", "--model.n_head=7"], "model.n_embd=768 is not divisible by model.n_head=7"),
     (["info", "gpt3-small", "--model.query=cubic"], "model.query='cubic'"),
-    (["info", "gpt3-small", "--model.query_rank=0"], "model.query_rank=0"),
+    (["info", "gpt3-small", "--model.nonlinear_rank=0"], "model.nonlinear_rank=0"),
     (["info", "gpt3-small", "--model.dropout=1.5"], "model.dropout=1.5"),
     (["info", "gpt3-small", "--model.mlp_ratio=0"], "model.mlp_ratio=0.0"),
     (["info", "nope"], "unknown preset 'nope'"),

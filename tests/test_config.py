@@ -11,12 +11,12 @@ from nlq.runs.rundir import save_config
 @pytest.mark.parametrize("changes,field,value", [
     (dict(n_embd=768, n_head=7), "n_head", "7"),
     (dict(query="quadratic"), "model.query", "quadratic"),
-    (dict(query="nonlinear", query_rank=0), "model.query_rank", "0"),
-    (dict(query_rank=-3), "model.query_rank", "-3"),
+    (dict(query="nonlinear", nonlinear_rank=0), "model.nonlinear_rank", "0"),
+    (dict(nonlinear_rank=-3), "model.nonlinear_rank", "-3"),
     (dict(dropout=1.0), "model.dropout", "1.0"),
     (dict(dropout=-0.1), "model.dropout", "-0.1"),
     (dict(mlp_ratio=0.0), "model.mlp_ratio", "0.0"),
-    (dict(query_activation="tanh"), "model.query_activation", "tanh"),
+    (dict(nonlinear_activation="tanh"), "model.nonlinear_activation", "tanh"),
 ])
 def test_bad_model_config_names_field_and_value(changes, field, value):
     with pytest.raises(ValueError) as info:
@@ -26,11 +26,11 @@ def test_bad_model_config_names_field_and_value(changes, field, value):
 
 def test_overrides_convert_to_field_types():
     config = apply_overrides(RunConfig(), [
-        "--model.query=nonlinear", "--model.mlp_ratio=4.75", "--model.causal=false", "--model.query_rank=none",
+        "--model.query=nonlinear", "--model.mlp_ratio=4.75", "--model.causal=false", "--model.nonlinear_rank=none",
         "--train.max_steps=1_000", "--train.lr=3e-3", "--train.batch_tokens=1e6", "--model.attn_scale=0.0625",
     ])
     assert config.model.query == "nonlinear" and config.model.mlp_ratio == 4.75 and config.model.causal is False
-    assert config.model.query_rank is None and config.train.max_steps == 1000 and config.train.lr == 3e-3
+    assert config.model.nonlinear_rank is None and config.train.max_steps == 1000 and config.train.lr == 3e-3
     assert config.train.batch_tokens == 1_000_000 and config.model.attn_scale == 0.0625
 
 
@@ -118,3 +118,18 @@ def test_projections_q_is_another_name_of_model_query_resolved_when_read(byte_da
     assert "query=nonlinear" in capsys.readouterr().out
     saved = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
     assert saved["query"] == "nonlinear" and saved["projections"]["q"] is None
+
+
+def test_the_nonlinear_options_old_names_are_read_into_the_new():
+    """model.query_rank and friends configure the nonlinear projection at k, v or o too, so they were renamed
+    model.nonlinear_*; committed configs, checkpoints and command lines with the old names still read."""
+    recorded = {"model": {"query": "nonlinear", "query_rank": 16, "query_activation": "relu", "query_in_norm": False,
+                          "query_out_norm": False}}
+    model = RunConfig.from_dict(recorded).model
+    assert (model.nonlinear_rank, model.nonlinear_activation, model.nonlinear_in_norm, model.nonlinear_out_norm) \
+        == (16, "relu", False, False)
+    assert "query_rank" not in RunConfig.from_dict(recorded).to_dict()["model"]
+    with pytest.raises(ConfigError, match="model.nonlinear_rank=0 must be > 0 .model.query_rank is read as"):
+        apply_overrides(RunConfig(), ["--model.query=nonlinear", "--model.query_rank=0"])
+    with pytest.raises(ConfigError, match="model.query_rank is model.nonlinear_rank's old name, and both are given"):
+        apply_overrides(RunConfig(), ["--model.nonlinear_rank=4", "--model.query_rank=4"])

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import fake_training
+from nlq.config import upgraded
 from nlq.errors import UserError
 from nlq.studies.plan import SHIPPED, load_plan, read_plan, shipped_plans
 from nlq.studies.registry import get_study
@@ -44,7 +45,7 @@ def test_plans_verdict_builds_exactly_the_runs_of_the_committed_verdict():
     are not committed are only the identity chains still running when the snapshot was taken."""
     study_json = json.loads((COMMITTED / "study.json").read_text())
     study = get_study(str(ROOT / "plans" / "verdict.toml"))
-    committed = {p.parent.name: json.loads(p.read_text()) for p in (COMMITTED / "runs").glob("*/config.json")}
+    committed = {p.parent.name: upgraded(json.loads(p.read_text())) for p in (COMMITTED / "runs").glob("*/config.json")}
     branch = next(c["train"]["resume_from"] for c in committed.values() if c["train"]["resume_from"])
     where = Path(branch).parents[3]  # the study directory the runs were trained in (their checkpoints' paths)
     planned = {}
@@ -68,7 +69,7 @@ def test_plans_verdict_lr_builds_exactly_the_runs_of_the_committed_verdict_lr():
     selection picks) is a run of plans/verdict-lr.toml with the same resolved config, the one it was trained with."""
     results = ROOT / "results" / "verdict-lr"
     study_json = json.loads((results / "study.json").read_text())
-    committed = {p.parent.name: json.loads(p.read_text()) for p in (results / "runs").glob("*/config.json")}
+    committed = {p.parent.name: upgraded(json.loads(p.read_text())) for p in (results / "runs").glob("*/config.json")}
     branch = next(c["train"]["resume_from"] for c in committed.values() if c["train"]["resume_from"])
     where = str(Path(branch).parents[3])  # the study directory the runs were trained in (their checkpoints' paths)
     stages, planned = get_study(str(ROOT / "plans" / "verdict-lr.toml")).run_stages(results), {}

@@ -349,7 +349,7 @@ def optioned(tmp_path):
 
 def test_a_plugin_takes_its_options_from_the_command_line_checked_and_recorded(optioned, byte_data, tmp_path, capsys,
                                                                                 monkeypatch):
-    """`--model.query_rank=4` used to be ignored silently for a plugin; --model.options.NAME=VALUE reaches its
+    """`--model.nonlinear_rank=4` used to be ignored silently for a plugin; --model.options.NAME=VALUE reaches its
     constructor, typed by its Options dataclass, and config.json records it; a wrong name or value is one line."""
     from nlq.cli import main
 
@@ -415,6 +415,6 @@ def test_a_projection_that_imports_beyond_torch_is_not_exported(tmp_path):
 
 
 def test_the_nonlinear_querys_rank_given_to_another_projection_is_one_line(capsys):
-    """`--model.query_rank=4` used to be ignored without a word for a projection of one's own."""
-    one_line_error(capsys, ["info", "micro", "--model.query=linear", "--model.query_rank=4"],
-                   "model.query_rank=4 sizes nlq's nonlinear projection, which this model does not use")
+    """`--model.nonlinear_rank=4` used to be ignored without a word for a projection of one's own."""
+    one_line_error(capsys, ["info", "micro", "--model.query=linear", "--model.nonlinear_rank=4"],
+                   "model.nonlinear_rank=4 sizes nlq's nonlinear projection, which this model does not use")

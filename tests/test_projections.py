@@ -77,7 +77,7 @@ def test_attention_matches_paper_formula(mode, causal, impl):
 
 @pytest.mark.parametrize("activation,fn", [("relu", F.relu), ("silu", F.silu), ("relu2", lambda h: F.relu(h) ** 2)])
 def test_nonlinear_activation_options(activation, fn):
-    cfg = tiny_model_config(query="nonlinear", query_activation=activation)
+    cfg = tiny_model_config(query="nonlinear", nonlinear_activation=activation)
     proj = build_projection("nonlinear", cfg).double()
     randomize_norms(proj)
     x = torch.randn(2, 5, cfg.n_embd, dtype=torch.float64)
@@ -85,7 +85,7 @@ def test_nonlinear_activation_options(activation, fn):
 
 
 def test_nonlinear_without_norms_and_custom_rank():
-    cfg = tiny_model_config(query="nonlinear", query_in_norm=False, query_out_norm=False, query_rank=8)
+    cfg = tiny_model_config(query="nonlinear", nonlinear_in_norm=False, nonlinear_out_norm=False, nonlinear_rank=8)
     proj = build_projection("nonlinear", cfg).double()
     assert proj.up.weight.shape == (8, cfg.n_embd) and proj.down.weight.shape == (cfg.n_embd, 8)
     assert sum(p.numel() for p in proj.parameters()) == 2 * 8 * cfg.n_embd  # no norm weights left

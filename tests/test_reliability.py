@@ -134,7 +134,7 @@ BAD_INPUTS = [
                                                                       "warmup_steps = 99999999999999999999")],
      "out of range"),
     ("a huge query rank", lambda d, r, t: ["train", "--data", d, "--out", t / "x", "--preset", "nano",
-                                           "--model.query=nonlinear", "--model.query_rank=1e9"], "GiB"),
+                                           "--model.query=nonlinear", "--model.nonlinear_rank=1e9"], "GiB"),
     ("a BPE larger than any corpus", lambda d, r,
      t: ["prepare", "--source", "shakespeare", "--tokenizer", "bpe:100000000",
                                                       "--out", t / "x"], "from 258 to 1,048,576"),

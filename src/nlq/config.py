@@ -7,7 +7,9 @@ registries in projections.py. `update` applies nested {section: {field: value}} 
 overrides.py reads them from files and from --section.field=value arguments. Every field carries its help text
 (`setting`), which `nlq train --help` prints.
 
-The machinery of a typed field (its help, choices, conversion) is fields.py.
+The machinery of a typed field (its help, choices, conversion) is fields.py. A renamed field's old name is still
+read (RENAMED). lines: every section's fields and checks stay in this one file, which an export ships beside the
+model (nlq_config.py).
 """
 
 from __future__ import annotations
@@ -74,10 +76,12 @@ class ModelConfig:
     tie_embeddings: bool = setting(True, "the LM head shares the token embedding matrix")
     # The research axis: how the attention query is projected (projections.py, docs/PROJECTIONS.md).
     query: str = setting("linear", "the query projection: linear (X W_Q), identity, residual, nonlinear ((X + f(X))/2)")
-    query_rank: int | None = setting(None, "bottleneck r of the nonlinear query; None: n_embd // 2 (d^2 parameters)")
-    query_activation: str = setting("gelu", "the nonlinear query's activation")
-    query_in_norm: bool = setting(True, "nonlinear query: RMSNorm before W1")
-    query_out_norm: bool = setting(True, "nonlinear query: LayerNorm after W2")
+    # nlq's nonlinear projection, wherever it sits (q, k, v or o); formerly model.query_* (RENAMED)
+    nonlinear_rank: int | None = setting(None, "bottleneck r of the nonlinear projection; None: n_embd // 2 (d^2 "
+                                               "parameters)")
+    nonlinear_activation: str = setting("gelu", "the nonlinear projection's activation")
+    nonlinear_in_norm: bool = setting(True, "nonlinear projection: RMSNorm before W1")
+    nonlinear_out_norm: bool = setting(True, "nonlinear projection: LayerNorm after W2")
     options: dict = setting(dict, "options of a projection of your own, e.g. --model.options.rank=4 (its Options "
                                   "dataclass says which; docs/PROJECTIONS.md)")
     projections: ProjectionsConfig = setting(ProjectionsConfig, "per-placement projections (q, k, v, o)")
@@ -123,12 +127,13 @@ class ModelConfig:
         own = sorted(set(self.placements.values()) - BUILT_IN)
         _check(not self.options or own, f"model.options={short_repr(self.options)} sets options of a projection of "
                                         f"your own, and this model uses nlq's own only ({', '.join(BUILT_IN_SORTED)})")
-        _check(self.query_rank is None or self.query_rank > 0, f"model.query_rank={self.query_rank} must be > 0")
-        _check(self.query_rank is None or "nonlinear" in self.placements.values(),
-               f"model.query_rank={self.query_rank} sizes nlq's nonlinear projection, which this model does not use "
-               f"({', '.join(f'{k}={v}' for k, v in self.placements.items())}); a projection of your own takes its "
-               f"options as --model.options.NAME=VALUE")
-        _one_of("model", "query_activation", self.query_activation, tuple(ACTIVATION_MODULES))
+        _check(self.nonlinear_rank is None or self.nonlinear_rank > 0,
+               f"model.nonlinear_rank={self.nonlinear_rank} must be > 0")
+        _check(self.nonlinear_rank is None or "nonlinear" in self.placements.values(),
+               f"model.nonlinear_rank={self.nonlinear_rank} sizes nlq's nonlinear projection, which this model does "
+               f"not use ({', '.join(f'{k}={v}' for k, v in self.placements.items())}); a projection of your own takes "
+               f"its options as --model.options.NAME=VALUE")
+        _one_of("model", "nonlinear_activation", self.nonlinear_activation, tuple(ACTIVATION_MODULES))
         _check(self.attn_scale is None or self.attn_scale > 0, f"model.attn_scale={self.attn_scale} must be > 0")
         _check(self.norm_eps > 0, f"model.norm_eps={self.norm_eps} must be > 0")
         _check(self.rope_theta > 0,
@@ -179,7 +184,7 @@ class ModelConfig:
 
     @property
     def rank(self) -> int:
-        return self.query_rank if self.query_rank is not None else self.n_embd // 2
+        return self.nonlinear_rank if self.nonlinear_rank is not None else self.n_embd // 2
 
     def approx_parameters(self) -> int:
         """About how many parameters the model has, in closed form (nothing is built): embeddings, and per block
@@ -321,6 +326,32 @@ class RunConfig:
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
+# Fields with a new name: the old one is still read (committed config.json files, checkpoints, command lines), into
+# the new field. The nonlinear options size nlq's nonlinear projection wherever it sits, not only the query.
+RENAMED = {"model": {"query_rank": "nonlinear_rank", "query_activation": "nonlinear_activation",
+                     "query_in_norm": "nonlinear_in_norm", "query_out_norm": "nonlinear_out_norm"}}
+
+
+def renamed(values: dict, prefix: str) -> dict:
+    """A section's {field: value} with every old field name (RENAMED) read as its new one; both names at once is a
+    one-line error."""
+    old_names = RENAMED.get(prefix, {})
+    out = {}
+    for name, value in values.items():
+        new = old_names.get(name, name)
+        if new in out:
+            former = next(k for k, v in old_names.items() if v == new)
+            raise ConfigError(f"{prefix}.{former} is {prefix}.{new}'s old name, and both are given; give "
+                              f"{prefix}.{new} alone")
+        out[new] = value
+    return out
+
+
+def upgraded(raw: dict) -> dict:
+    """A recorded {section: {field: value}} config (a run's config.json) with its old field names read as the new."""
+    return {section: renamed(values, section) if isinstance(values, dict) else values
+            for section, values in raw.items()}
+
 
 def _update_section(current: Any, values: dict, prefix: str) -> Any:
     """A copy of one config dataclass with values applied; nested dataclasses (model.projections) recurse."""
@@ -328,14 +359,19 @@ def _update_section(current: Any, values: dict, prefix: str) -> Any:
         raise ConfigError(f"config section {prefix!r} must be a mapping of field: value")
     types_ = field_types(type(current))
     changes = {}
-    for name, value in values.items():
+    for name, value in renamed(values, prefix).items():
         if name not in types_:
             raise ConfigError(f"unknown config key {prefix}.{name}; valid keys in {prefix}: {', '.join(types_)}")
         if dataclasses.is_dataclass(types_[name]):
             changes[name] = _update_section(getattr(current, name), value, f"{prefix}.{name}")
         else:
             changes[name] = convert_value(f"{prefix}.{name}", value, types_[name])
-    return dataclasses.replace(current, **changes)
+    try:
+        return dataclasses.replace(current, **changes)
+    except ConfigError as e:
+        old = [f"{prefix}.{name} is read as {prefix}.{RENAMED[prefix][name]}" for name in values
+               if name in RENAMED.get(prefix, {})]
+        raise ConfigError(f"{e} ({'; '.join(old)})" if old else str(e)) from None
 
 
 def update(config: RunConfig, raw: dict) -> RunConfig:

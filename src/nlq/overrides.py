@@ -84,7 +84,7 @@ def field_choices() -> dict[str, tuple]:
     names = tuple(PROJECTIONS)
     choices = {f"model.{key}": names for key in ("query", "projections.q", "projections.k", "projections.v",
                                                  "projections.o")}
-    choices["model.query_activation"] = tuple(ACTIVATION_MODULES)
+    choices["model.nonlinear_activation"] = tuple(ACTIVATION_MODULES)
 
     def visit(section_cls: type, prefix: str) -> None:
         for name, annotation in field_types(section_cls).items():

@@ -195,8 +195,8 @@ class NonlinearQuery(Projection):
 
     @classmethod
     def from_config(cls, cfg) -> NonlinearQuery:
-        return cls(cfg.n_embd, cfg.rank, cfg.query_activation, cfg.query_in_norm, cfg.query_out_norm, cfg.bias,
-                   cfg.norm_eps, fold_half=True)
+        return cls(cfg.n_embd, cfg.rank, cfg.nonlinear_activation, cfg.nonlinear_in_norm, cfg.nonlinear_out_norm,
+                   cfg.bias, cfg.norm_eps, fold_half=True)
 
     def input_weight(self) -> torch.Tensor:
         # RMSNorm(X) W1 = (X diag(g) W1) / rms(X): the same numbers without a normalised (B, T, d) copy of X;
@@ -307,8 +307,9 @@ def describe_own() -> list[str]:
 
 
 def build_projection(name: str, cfg) -> nn.Module:
-    """The projection `name` sized by a ModelConfig (n_embd, bias, norm_eps and the query_* options). One of the user's
-    own is tried on a tiny input at once, so that a wrong one fails here (nlq info, a dry run), not deep in training."""
+    """The projection `name` sized by a ModelConfig (n_embd, bias, norm_eps and the nonlinear_* options). One of the
+    user's own is tried on a tiny input at once, so that a wrong one fails here (nlq info, a dry run), not deep in
+    training."""
     if name not in PROJECTIONS:
         raise ValueError(f"unknown projection {name!r}; valid names: {', '.join(PROJECTIONS)} ({OWN_HINT})")
     projection = PROJECTIONS[name].from_config(cfg)

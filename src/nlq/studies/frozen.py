@@ -10,7 +10,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from nlq.config import RunConfig
+from nlq.config import RunConfig, upgraded
 from nlq.errors import LockHeld, UserError
 from nlq.fileio import read_json, write_json
 from nlq.lock import DirectoryLock
@@ -152,7 +152,7 @@ def check_run_config(run_dir: Path, config: RunConfig) -> None:
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         return
-    recorded = _computed(read_json(path, "a run's config"))
+    recorded = _computed(upgraded(read_json(path, "a run's config")))
     expected = _computed(config.to_dict())
     for tree in (recorded, expected):  # a WSD stable run is trained in segments, each to a later step
         tree.get("train", {}).pop("max_steps", None)
