@@ -40,6 +40,7 @@ from pathlib import Path
 
 from scipy import stats
 
+from nlq.studies.design import read_study
 from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 
@@ -67,12 +68,12 @@ def chain_minutes(study_dir: Path) -> list[tuple[str, float, bool]]:
     """(start, minutes, resumed) of every finished chain of a WSD study, in the order they started: the stable run's
     and its branch's wall time (end - start of the process that finished each) added up; resumed: a run of the chain
     was resumed from a checkpoint, so its record holds only the time after the resume."""
-    runs = json.loads((study_dir / "study.json").read_text())["runs"]
+    runs = read_study(study_dir)["runs"]
     chains = defaultdict(list)
     for run in runs:
         path = study_dir / "runs" / run["name"] / "summary.json"
         record = json.loads(path.read_text())["record"] if path.is_file() else None
-        chains[(run["variant"], run["seed"], run["lr"], run.get("width"))].append(record)
+        chains[(run["arm"], run["seed"], run["lr"], run.get("width"))].append(record)
     out = []
     for records in chains.values():
         if all(records):
@@ -147,9 +148,9 @@ def main() -> None:
         source, pairs, sds = "paired sd of verdict at 300 tokens/param", [12, 14, 16, 18, 20], (0.02, 0.025, 0.03, 0.04)
     upper = sd * math.sqrt(df / stats.chi2.ppf(0.2, df))
     print(f"{source}: {sd:.4f} on {df} df; upper one-sided 80% bound {upper:.4f}")
-    settings = load_plan(SHIPPED / f"{args.study}.toml").design
-    margin, alpha, confidence = settings["margin"], settings["alpha"], settings["confidence"]
-    effect = settings.get("planning_difference", margin)
+    design = load_plan(SHIPPED / f"{args.study}.toml").design
+    margin, alpha, confidence = design["margin"], design["alpha"], design["confidence"]
+    effect = design.get("planning_difference", margin)
     print(f"true difference {effect} nats for the t test ({confidence:.0%} two-sided); equivalence margin {margin} "
           f"nats (TOST alpha {alpha} per side, true difference 0)")
     print("| paired sd | " + " | ".join(f"{n} pairs: t test / TOST" for n in pairs) + " |")
@@ -158,10 +159,10 @@ def main() -> None:
         cells = [f"{power_paired_t(effect, sd, n, confidence):.0%} / {power_equivalence(0.0, sd, n, margin, alpha):.0%}"
                  for n in pairs]
         print(f"| {sd:g} | " + " | ".join(cells) + " |")
-    if "planning_power" in settings:
-        n = pairs_needed(effect, settings["planning_sd"], settings["planning_power"], confidence)
-        print(f"fewest pairs with >= {settings['planning_power']:.0%} power to find {effect} nats at sd "
-              f"{settings['planning_sd']}: {n} (registered: {len(settings['seeds'])})")
+    if "planning_power" in design:
+        n = pairs_needed(effect, design["planning_sd"], design["planning_power"], confidence)
+        print(f"fewest pairs with >= {design['planning_power']:.0%} power to find {effect} nats at sd "
+              f"{design['planning_sd']}: {n} (registered: {len(design['seeds'])})")
 
 
 if __name__ == "__main__":

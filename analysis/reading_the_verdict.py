@@ -20,8 +20,9 @@ import numpy as np
 from scipy import stats
 
 from nlq.runs.metrics import read_metrics
+from nlq.studies.design import read_study
 from nlq.studies.stats import paired_difference
-from nlq.studies.tables import load_summaries, read_study
+from nlq.studies.tables import load_summaries
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +61,7 @@ def gap_over_training(study_dir: Path, runs: list[dict], budgets: tuple = (100, 
     for r in runs:
         if r.get("stage") == "stable":
             records = read_metrics(study_dir / "runs" / r["name"] / "metrics.jsonl")
-            curves[(r["variant"], r["seed"])] = {m["step"]: m["val_loss"] for m in records if "val_loss" in m}
+            curves[(r["arm"], r["seed"])] = {m["step"]: m["val_loss"] for m in records if "val_loss" in m}
     seeds = sorted({s for v, s in curves if v == "nonlinear"} & {s for v, s in curves if v == "linear"})
     steps = sorted(set.intersection(*(set(curves[(v, s)]) for v in ("linear", "nonlinear") for s in seeds)))
     lines = [row("step", "phase", "pairs", "linear (mean)", "Δ nonlinear - linear [95%]"), row(*["---"] * 5)]
@@ -71,8 +72,8 @@ def gap_over_training(study_dir: Path, runs: list[dict], budgets: tuple = (100, 
         lines.append(row(f"{step:,}", "stable (128 windows)", p["n"], f"{np.mean(list(lin.values())):.4f}",
                          interval(p)))
     for tpp in budgets:
-        lin = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, variant="linear")
-        non = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, variant="nonlinear")
+        lin = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, arm="linear")
+        non = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, arm="nonlinear")
         p = paired(non, lin)
         step = next(r["final_step"] for r in runs if r.get("stage") == "budget" and r.get("tpp") == tpp)
         lines.append(row(f"{step:,}", f"end of the {tpp} tokens/param cooldown (whole split)", p["n"],
@@ -83,8 +84,8 @@ def gap_over_training(study_dir: Path, runs: list[dict], budgets: tuple = (100, 
 def growth(runs: list[dict]) -> str:
     delta = {}
     for tpp in (100, 300):
-        lin = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, variant="linear")
-        non = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, variant="nonlinear")
+        lin = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, arm="linear")
+        non = by_seed(runs, "full_val_loss", stage="budget", tpp=tpp, arm="nonlinear")
         delta[tpp] = {s: non[s] - lin[s] for s in lin.keys() & non.keys()}
     p = paired(delta[300], delta[100])
     return f"Δ at 300 minus Δ at 100 tokens per parameter, per seed: {interval(p)} ({p['n']} seeds, p = {p['p']:.2g})"
@@ -96,8 +97,8 @@ def shared_lr_trend(results: Path, verdict_runs: list[dict]) -> list[str]:
     for name, runs, budgets in (("scaling-shared-lr", shared, (2, 5, 10, 20)), ("verdict", verdict_runs, (100, 300))):
         for tpp in budgets:
             where = {"stage": "budget", "tpp": tpp, "width": "d64"}
-            p = paired(by_seed(runs, "val_loss", variant="nonlinear", **where),
-                       by_seed(runs, "val_loss", variant="linear", **where))
+            p = paired(by_seed(runs, "val_loss", arm="nonlinear", **where),
+                       by_seed(runs, "val_loss", arm="linear", **where))
             lines.append(row(tpp, name, p["n"], interval(p)))
     return lines
 
@@ -108,11 +109,11 @@ def learning_rate(results: Path, verdict_runs: list[dict]) -> list[str]:
              row(*["---"] * 5)]
     for tpp in (100, 300):
         where = {"stage": "budget", "tpp": tpp, "width": "d64"}
-        own = list(by_seed(scaling, "val_loss", variant="nonlinear", **where).values())
-        own_lr = {r["lr"] for r in scaling if r["variant"] == "nonlinear"
+        own = list(by_seed(scaling, "val_loss", arm="nonlinear", **where).values())
+        own_lr = {r["lr"] for r in scaling if r["arm"] == "nonlinear"
                   and all(r.get(k) == v for k, v in where.items())}
         for other in ("nonlinear", "linear"):
-            shared = list(by_seed(verdict_runs, "val_loss", variant=other, **where).values())
+            shared = list(by_seed(verdict_runs, "val_loss", arm=other, **where).values())
             w = welch(own, shared)
             lines.append(row(tpp, f"nonlinear at lr {min(own_lr):g} (scaling) - {other} at 0.002 (verdict)",
                              f"{w['n'][0]} vs {w['n'][1]}", interval(w), f"{w['p']:.2g}"))

@@ -26,8 +26,8 @@ from reading_the_verdict import by_seed, gap_over_training, interval, paired, ro
 from scipy import stats
 
 from nlq.runs.metrics import read_metrics
+from nlq.studies.design import read_study
 from nlq.studies.stats import paired_difference
-from nlq.studies.tables import read_study
 
 ROOT = Path(__file__).resolve().parent.parent
 TPP = 300
@@ -35,7 +35,7 @@ TPP = 300
 
 def on_test_seeds(study_dir: Path) -> list[dict]:
     """verdict-lr's runs on its test seeds (the primary arms at their selected lrs: the only lrs tried there)."""
-    seeds = set(read_study(study_dir)["settings"]["seeds"])
+    seeds = set(read_study(study_dir)["design"]["seeds"])
     return [r for r in runs_of(study_dir) if r["seed"] in seeds]
 
 
@@ -46,9 +46,9 @@ def what_the_lr_did(runs: list[dict], verdict: list[dict]) -> list[str]:
     own, shared = {}, {}
     shared_lr = min({r["lr"] for r in verdict if r.get("stage") == "budget"})
     for variant in ("linear", "nonlinear"):
-        own[variant] = by_seed(runs, "full_val_loss", variant=variant, **where)
-        shared[variant] = by_seed(verdict, "full_val_loss", variant=variant, **where)
-        lr = {r["lr"] for r in runs if r["variant"] == variant and r.get("stage") == "budget"}
+        own[variant] = by_seed(runs, "full_val_loss", arm=variant, **where)
+        shared[variant] = by_seed(verdict, "full_val_loss", arm=variant, **where)
+        lr = {r["lr"] for r in runs if r["arm"] == variant and r.get("stage") == "budget"}
         w = welch(list(own[variant].values()), list(shared[variant].values()))
         label = f"{variant} at its selected lr {min(lr):g} (verdict-lr) - {variant} at {shared_lr:g} (verdict)"
         lines.append(row(label,
@@ -64,8 +64,8 @@ def what_the_lr_did(runs: list[dict], verdict: list[dict]) -> list[str]:
 
 def robustness(study_dir: Path, runs: list[dict]) -> list[str]:
     where = {"stage": "budget", "tpp": TPP}
-    lin = by_seed(runs, "full_val_loss", variant="linear", **where)
-    non = by_seed(runs, "full_val_loss", variant="nonlinear", **where)
+    lin = by_seed(runs, "full_val_loss", arm="linear", **where)
+    non = by_seed(runs, "full_val_loss", arm="nonlinear", **where)
     delta = {s: non[s] - lin[s] for s in sorted(lin.keys() & non.keys())}
     if len(delta) < 2:
         return []
@@ -77,9 +77,9 @@ def robustness(study_dir: Path, runs: list[dict]) -> list[str]:
     sign = stats.binomtest(worse, sum(d != 0 for d in delta.values())).pvalue  # two-sided, ties left out
     stable = {}
     for r in runs:
-        if r.get("stage") == "stable" and r["seed"] == worst and r["variant"] in ("linear", "nonlinear"):
+        if r.get("stage") == "stable" and r["seed"] == worst and r["arm"] in ("linear", "nonlinear"):
             records = [m for m in read_metrics(study_dir / "runs" / r["name"] / "metrics.jsonl") if "val_loss" in m]
-            stable[r["variant"]] = ", ".join(f"{m['val_loss']:.3f}" for m in records[1:])
+            stable[r["arm"]] = ", ".join(f"{m['val_loss']:.3f}" for m in records[1:])
     return [f"nonlinear worse on {worse} of {len(delta)} seeds (sign test p = {sign:.2g}); median Δ "
             f"{np.median(list(delta.values())):+.4f} (Wilcoxon signed-rank p = {wilcoxon.pvalue:.2g})",
             f"the largest |Δ|: seed {worst}, Δ {delta[worst]:+.4f} (linear {lin[worst]:.4f}, nonlinear "
@@ -89,10 +89,10 @@ def robustness(study_dir: Path, runs: list[dict]) -> list[str]:
 
 
 def two_by_two(study_dir: Path, runs: list[dict]) -> list[str]:
-    s = read_study(study_dir)["settings"]
+    s = read_study(study_dir)["design"]
     arms = s["primary"] + s["secondary"]
     where = {"stage": "budget", "tpp": TPP}
-    loss = {arm: by_seed(runs, "full_val_loss", variant=arm, **where) for arm in arms}
+    loss = {arm: by_seed(runs, "full_val_loss", arm=arm, **where) for arm in arms}
     seeds = sorted(set(s["seeds"]).intersection(*(loss[arm].keys() for arm in arms)))
     if len(seeds) < len(s["seeds"]):
         return [f"{len(seeds)} of {len(s['seeds'])} test seeds have all four arms; read once all have."]
@@ -121,7 +121,7 @@ def two_by_two(study_dir: Path, runs: list[dict]) -> list[str]:
     lines.append("")
     for arm in arms:
         for r in runs:
-            if r.get("stage") == "stable" and r["seed"] == worst and r["variant"] == arm:
+            if r.get("stage") == "stable" and r["seed"] == worst and r["arm"] == arm:
                 records = [m for m in read_metrics(study_dir / "runs" / r["name"] / "metrics.jsonl") if "val_loss" in m]
                 lines.append(f"seed {worst}'s {arm} stable run, 128 fixed windows at each evaluation after step 0: "
                              + ", ".join(f"{m['val_loss']:.3f}" for m in records[1:]))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from nlq.fileio import atomic_write
 from nlq.studies.collect import collect
+from nlq.studies.design import read_study
 from nlq.studies.plan import reference_of
 from nlq.studies.registry import build_report
 from nlq.studies.tables import interval_text
@@ -45,13 +46,13 @@ def demote(markdown: str, levels: int = 2) -> str:
 
 def scope(study: dict) -> str:
     """The setting a decision holds in, from study.json: shape, head size, corpus, tokens per parameter."""
-    settings, meta = study.get("settings") or {}, study.get("data_meta") or {}
-    shape = settings.get("shape") or {"n_layer": "?", "n_embd": 0, "n_head": 1}
+    design, meta = study.get("design") or {}, study.get("data_meta") or {}
+    shape = design.get("shape") or {"n_layer": "?", "n_embd": 0, "n_head": 1}
     corpus = "Python source (pypkg)" if str(meta.get("source", "")).startswith("pypkg") else meta.get("source")
     data = (f"{corpus}, {meta.get('classes')} classes, an encoder classifier" if meta.get("content_hash")
             else f"{corpus}, {meta.get('tokenizer')}")  # labelled examples have no tokenizer
     return (f"{shape['n_layer']} layers, d {shape['n_embd']}, head dim {shape['n_embd'] // shape['n_head']}, {data}, "
-            f"{settings.get('primary_tpp', '?')} tokens per parameter")
+            f"{design.get('primary_tpp', '?')} tokens per parameter")
 
 
 TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each arm at its own lr",
@@ -94,7 +95,7 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
         return (f"Status ({when}): running on {where}, {finished[primary]} of {registered} pairs finished "
                 f"(`{results}`); no outcome is shown before all {registered} have.")
     text = (f"**Verdict ({when}, `nlq study verdict` as pre-registered, {registered} pairs, {where}; {scope(study)}; "
-            f"both at one peak lr, {study['settings']['lr']:g}): {outcome['decision']['words']}.** "
+            f"both at one peak lr, {study['design']['lr']:g}): {outcome['decision']['words']}.** "
             f"{decision_text(outcome, reference_of(study).get('paper_claim'))}{one_pair_text(outcome)} "
             f"`nlq report {results}` regenerates it.")
     pending = [f"{arm} {finished[arm]} of {registered}" for arm in secondary if finished[arm] < registered]
@@ -104,7 +105,7 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
 
 
 def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str) -> str:
-    s, name = study["settings"], study["name"]
+    s, name = study["design"], study["name"]
     registered = "as pre-registered and amended" if name == "verdict-lr" else "as pre-registered"
     arms = [arm for arm in s["primary"] + (s.get("secondary") or []) if arm not in (s.get("borrowed") or {})]
     grid_runs = len(arms) * len(s["lrs"]) * len(s["selection_seeds"])
@@ -161,7 +162,7 @@ def main() -> None:
     copied = 0 if same else collect(args.study_dir, results)
     report = build_report(results)
     outcome = json.loads((results / "verdict.json").read_text())
-    study = json.loads((results / "study.json").read_text())
+    study = read_study(results)
     when = args.when or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     try:
         shown = results.resolve().relative_to(ROOT).as_posix()

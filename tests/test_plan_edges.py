@@ -169,13 +169,40 @@ def test_a_report_of_damaged_summaries_counts_them_as_not_ended(byte_data, tmp_p
     assert needle in build_report(tmp_path / "s")
 
 
+def test_study_json_holds_the_design_and_arms_by_their_names_and_older_keys_still_read(byte_data, tmp_path,
+                                                                                      monkeypatch):
+    """study.json writes "design", "arms" and each run's "arm" (one name per concept); the design read back from it
+    is the plan's, and a study.json of the older keys ("settings", "variants", a run's "variant") reads the same
+    and reports byte for byte the same."""
+    from nlq.studies.design import read_study
+    from nlq.studies.plan import check_design
+    from nlq.studies.registry import build_report
+
+    fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0 + config.train.seed / 100,
+                                                        "full_val_loss": 3.0 + config.train.seed / 100})
+    study = get_study(str(plan_text(tmp_path)))
+    run_study(study, tmp_path / "s", data_dir=str(byte_data), log=quiet)
+    written = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert {"design", "arms"} <= set(written) and not {"settings", "variants"} & set(written)
+    assert all("arm" in r and "variant" not in r for r in written["runs"])
+    assert check_design(written["design"], "study.json") == study.design
+    assert [a["name"] for a in written["arms"]] == [a.name for a in study.arms]
+    report = build_report(tmp_path / "s")
+
+    older = {{"design": "settings", "arms": "variants"}.get(k, k): v for k, v in written.items()}
+    older["runs"] = [{("variant" if k == "arm" else k): v for k, v in r.items()} for r in written["runs"]]
+    (tmp_path / "s" / "study.json").write_text(json.dumps(older))
+    assert read_study(tmp_path / "s") == written
+    assert build_report(tmp_path / "s") == report
+
+
 def test_a_report_whose_design_names_an_arm_it_does_not_have_is_refused(byte_data, tmp_path, monkeypatch):
     from nlq.studies.registry import build_report
 
     fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0})
     run_study(get_study(str(plan_text(tmp_path))), tmp_path / "s", data_dir=str(byte_data), log=quiet)
     described = json.loads((tmp_path / "s" / "study.json").read_text())
-    described["settings"]["primary"] = ["linear", "ghost"]
+    described["design"]["primary"] = ["linear", "ghost"]
     (tmp_path / "s" / "study.json").write_text(json.dumps(described))
     with pytest.raises(UserError, match="names arm 'ghost', which is none of its arms"):
         build_report(tmp_path / "s")

@@ -36,7 +36,7 @@ def test_the_shipped_plans_are_the_named_studies_and_the_checkout_links_them():
     assert (ROOT / "plans" / "verdict.toml").resolve() == (SHIPPED / "verdict.toml").resolve()
     for name in ("verdict", "verdict-lr"):
         by_name, by_path = get_study(name), get_study(str(ROOT / "plans" / f"{name}.toml"))
-        assert by_name.describe() == by_path.describe() and by_name.plan["design"] == by_name.settings
+        assert by_name.describe() == by_path.describe() and by_name.plan["design"] == by_name.design
 
 
 def test_plans_verdict_builds_exactly_the_runs_of_the_committed_verdict():
@@ -113,7 +113,7 @@ def test_the_committed_verdict_lr_runs_record_their_code_times_and_one_first_bat
 
 def test_plans_verdict_lr_builds_the_amended_design():
     study = get_study("verdict-lr")
-    s = study.settings
+    s = study.design
     first = next(study.run_stages(Path("/nonexistent")))
     budget = [r for r in first if r.labels["stage"] == "budget"]
     assert len(budget) == 4 * len(s["lrs"]) * len(s["selection_seeds"]) == 60
@@ -266,7 +266,7 @@ def test_the_dry_run_says_what_the_test_pairs_buy_at_the_planning_sd(tmp_path, c
     from nlq.studies.engine import power_text
     from nlq.studies.stats import power_paired_t
 
-    line = power_text(get_study("verdict-lr").settings)
+    line = power_text(get_study("verdict-lr").design)
     assert line.startswith("power: 16 test pairs at the planning sd 0.03 find a true Δ of 0.02 with probability 0.70")
     assert power_paired_t(0.02, 0.03, 16) >= 0.70 > power_paired_t(0.02, 0.03, 15)
     plan = plan_text(tmp_path, planning_difference=0.02, planning_power=0.9)
@@ -307,7 +307,7 @@ def test_a_plans_reference_words_its_report_and_is_not_part_of_its_hash(tmp_path
     committed = json.loads((Path(__file__).resolve().parents[1] / "results" / "verdict-lr" / "study.json").read_text())
     assert "reference" not in committed["plan"] and reference_of(committed) == raw["reference"]
     assert no_effect(committed) == "no effect of the paper's size"
-    mine = {"name": "mine", "settings": {"margin": 0.05}, "plan": without | {"name": "mine"}}
+    mine = {"name": "mine", "design": {"margin": 0.05}, "plan": without | {"name": "mine"}}
     assert no_effect(mine) == "no effect beyond ±0.05 nats"
     for bad, needle in (({"words": "x"}, "reference.words is not known"),
                         ({"paper_claim": 1}, "must be a table of text")):

@@ -46,7 +46,7 @@ def test_comparison_report_reads_truncated_metrics_and_adjusts_over_the_variants
     paired = result["paired"]
     assert paired["nonlinear"]["mean"] == pytest.approx(-0.1) and paired["identity"]["mean"] == pytest.approx(0.1)
     assert paired["nonlinear"]["verdict"] == "better" and paired["identity"]["verdict"] == "worse"
-    assert [row["variant"] for row in result["variants"]] == ["linear", "nonlinear", "identity"]
+    assert [row["arm"] for row in result["arms"]] == ["linear", "nonlinear", "identity"]
     assert "| nonlinear | 3 | -0.1000 |" in markdown and "| identity | 3 | +0.1000 |" in markdown
 
 
@@ -86,9 +86,9 @@ def test_probes_report_medians_are_true_medians_and_sign_tests_are_adjusted(tmp_
     assert "| mqar-2 | linear | 2/3 | | | | | 1,900 |" in markdown  # (1800 + 2000) / 2: even count
     assert "| mqar-2 | nonlinear | 3/3 | 1 | 0 | 1 | 1 | 2,000 |" in markdown
     result = json.loads((tmp_path / "result.json").read_text())
-    cells = {row["variant"]: row for row in result["cells"]}
+    cells = {row["arm"]: row for row in result["cells"]}
     assert cells["linear"]["steps_to_solve"] == [1800, 2000, None] and cells["nonlinear"]["accuracy"] == [0.95] * 3
-    pooled = {(row["scope"], row["variant"]): row for row in result["pooled"]}
+    pooled = {(row["scope"], row["arm"]): row for row in result["pooled"]}
     assert pooled[("mqar-2", "linear")]["median"] == 1900 and pooled[("mqar-2", "nonlinear")]["solved"] == 3
 
 
@@ -259,7 +259,7 @@ def test_every_committed_report_regenerates_byte_for_byte(name, tmp_path):
 
 @pytest.mark.parametrize("damage,needle", [(lambda s: s["settings"].pop("margin"), "design.margin is missing"),
                                            (lambda s: s["settings"].update(seeds="x"), "design.seeds is 'x'"),
-                                           (lambda s: s.pop("settings"), "settings are missing")])
+                                           (lambda s: s.pop("settings"), "design is missing")])
 def test_a_plan_study_whose_settings_were_edited_by_hand_is_a_one_line_error(tmp_path, capsys, damage, needle):
     import shutil
 

@@ -194,14 +194,14 @@ def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path):
         assert config["train"]["schedule"] == "wsd"
         assert config["train"]["max_steps"] == run["steps"]
         if run["steps"] > 1:  # every budget but a one-step one branches from its stable run
-            assert f"{run['variant']}-s{run['seed']}-stable" in config["train"]["resume_from"]
+            assert f"{run['arm']}-s{run['seed']}-stable" in config["train"]["resume_from"]
     stable = [r for r in described["runs"] if r["stage"] == "stable"]
     assert {r["name"] for r in stable} == {f"d16-{v}-s{s}-stable" for v in ("linear", "nonlinear", "linear-mlp4.75")
                                            for s in (1, 2)}
     markdown = build_report(tmp_path)
     assert "| d16 | 8 |" in markdown and "| nonlinear | 2 |" in markdown and "| linear-mlp4.75 | 2 |" in markdown
     assert "best lr" in markdown and (tmp_path / "scaling_delta.png").stat().st_size > 0
-    assert described["settings"]["widths"] == widths and described["seeds"] == [1, 2]  # the design, on disk
+    assert described["design"]["widths"] == widths and described["seeds"] == [1, 2]  # the design, on disk
     messages = []  # started again: everything is finished
     run_study(scaling.scaling(widths, seeds=[1, 2]), tmp_path, overrides, data_dir=str(byte_data), log=messages.append)
     assert not [m for m in messages if m.startswith("[") and "skipped" not in m]
@@ -211,7 +211,7 @@ def test_tpp_trend_is_the_mean_of_per_seed_slopes_against_log2_tokens():
     from nlq.studies.scaling import tpp_trends
 
     def row(variant, seed, tpp, loss):
-        return {"width": "d8", "variant": variant, "seed": seed, "tpp": tpp, "val_loss": loss}
+        return {"width": "d8", "arm": variant, "seed": seed, "tpp": tpp, "val_loss": loss}
 
     rows = []
     for seed, slope in ((1, 0.01), (2, 0.03)):  # Δ = slope * log2(tpp) + seed offset, exactly

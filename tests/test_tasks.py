@@ -134,7 +134,7 @@ def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
     from nlq.studies.probes import format_pooled_rows, pooled_solve_rows
 
     def run(variant, seed, width, steps):
-        return {"task": "mqar-2", "width": width, "seed": seed, "variant": variant, "steps_to_solve": steps}
+        return {"task": "mqar-2", "width": width, "seed": seed, "arm": variant, "steps_to_solve": steps}
 
     runs = [run("linear", s, w, 900 if (s, w) == (1, 32) else None) for s in (1, 2, 3) for w in (32, 64)]
     runs += [run("identity", s, w, 100 * s) for s in (1, 2, 3) for w in (32, 64)]  # solves all 6

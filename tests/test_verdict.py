@@ -16,11 +16,11 @@ def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_ident
 
     calls = fake_training(monkeypatch)
     study = get_study("verdict")
-    settings = study.settings
+    settings = study.design
     run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     trained = [(name, config) for _, name, config in calls]
     described = json.loads((tmp_path / "study.json").read_text())
-    assert described["settings"] == json.loads(json.dumps(settings))  # the design is on disk for the report
+    assert described["design"] == json.loads(json.dumps(settings))  # the design is on disk for the report
     assert described["code"]  # the commit of the code that ran it (this checkout is a git repository)
     branches = [c for name, c in trained if not name.endswith("-stable")]
     assert len(branches) == len(settings["seeds"]) * 3 * len(settings["budgets_tpp"])

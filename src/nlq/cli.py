@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator")
     p.set_defaults(func=cmd_sample)
 
-    p = sub.add_parser("study", help="run a named study (variants x seeds x lrs) and write its report")
+    p = sub.add_parser("study", help="run a named study (arms x seeds x lrs) and write its report")
     p.add_argument("name", metavar="NAME|PLAN",
                    help="a study (" + ", ".join(study_names()) + ") or a plan file (.toml)")
     p.add_argument("--out", required=True, help="study directory")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.studies.design import changed_field
+from nlq.studies.design import changed_field, upgraded_study
 
 # what must be equal for runs of another study to pair with this one's: the design of the experiment, not its seeds
 # or its arms
@@ -24,9 +24,9 @@ SAME_DESIGN = ("width", "shape", "budgets_tpp", "primary_tpp", "endpoint", "lrs"
 ARM_KEYS_OF_NO_CONSEQUENCE = ("name", "note", "borrow")
 
 
-def borrowed_arms(settings: dict) -> dict[str, dict]:
+def borrowed_arms(design: dict) -> dict[str, dict]:
     """arm -> {"study", "commit"} for the arms a plan's design borrows."""
-    return settings.get("borrowed") or {}
+    return design.get("borrowed") or {}
 
 
 def source_dir(study_dir: Path, source: str) -> Path:
@@ -37,12 +37,12 @@ def borrowed_records(study_dir: Path, study: dict) -> list[dict]:
     """The run records (as study.json holds them) of every borrowed arm, each with "dir", its run directory in the
     source study; checked against this study's plan first."""
     records = []
-    for arm, borrow in borrowed_arms(study["settings"]).items():
+    for arm, borrow in borrowed_arms(study["design"]).items():
         source = source_dir(study_dir, borrow["study"])
         described = _source_study(source, arm, borrow, study_dir)
         _check_same_experiment(described, study, arm, borrow)
         for record in described.get("runs", []):
-            if record.get("variant") == arm:
+            if record.get("arm") == arm:
                 records.append({**record, "dir": str(source / "runs" / record["name"]), "borrowed_from": borrow})
     return records
 
@@ -62,7 +62,7 @@ def _source_study(source: Path, arm: str, borrow: dict, study_dir: Path) -> dict
     if not path.is_file():
         raise UserError(f"arm {arm} borrows the runs of study {borrow['study']}, expected beside {study_dir} at "
                         f"{source} (its study.json); copy or link the committed results/{borrow['study']} there")
-    described = read_json(path, f"the study.json of {borrow['study']}")
+    described = upgraded_study(read_json(path, f"the study.json of {borrow['study']}"))
     if described.get("name") != borrow["study"] or not isinstance(described.get("plan"), dict):
         raise UserError(f"{path} is not the plan study {borrow['study']} (it is {described.get('name')!r}); arm {arm} "
                         f"borrows from a study run from a plan file")
@@ -89,7 +89,7 @@ def _check_same_experiment(source: dict, study: dict, arm: str, borrow: dict) ->
                           f"arms.{arm}")
     if found:
         refuse(found)
-    design, their_design = study["settings"], source["settings"]
+    design, their_design = study["design"], source["design"]
     for key in SAME_DESIGN:
         if design.get(key) != their_design.get(key):
             refuse(f"design.{key}")

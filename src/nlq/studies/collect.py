@@ -15,6 +15,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
+from nlq.studies.design import upgraded_study
 
 
 def thin(source: Path, every: int) -> str:
@@ -33,12 +34,12 @@ def branch_sources(study_dir: Path) -> set[str]:
     """The stable runs (study.json's stage "stable") of the WSD chains whose budget branches have not all finished:
     their checkpoints are still needed."""
     path = study_dir / "study.json"
-    runs = read_json(path, "the study's description").get("runs", []) if path.is_file() else []
+    runs = upgraded_study(read_json(path, "the study's description")).get("runs", []) if path.is_file() else []
 
     def chain(r: dict):  # study.json names a run's chain; studies recorded before it did, by its arm, seed, lr, width
         if r.get("stage") == "stable" and "chain" not in r and any("chain" in other for other in runs):
             return r["name"]
-        return r.get("chain") or (r.get("variant"), r.get("seed"), r.get("lr"), r.get("width"))
+        return r.get("chain") or (r.get("arm"), r.get("seed"), r.get("lr"), r.get("width"))
 
     open_chains = {chain(r) for r in runs if r.get("stage") == "budget"
                    and not (study_dir / "runs" / r["name"] / "summary.json").is_file()}

@@ -29,14 +29,14 @@ from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, 
 
 
 def _paper_variants(mlp: bool = True) -> list[Arm]:
-    variants = [
+    arms = [
         LINEAR, NONLINEAR, IDENTITY, RESIDUAL,
     ]
     if mlp:
-        variants += [
+        arms += [
             MLP_4_5, MLP_4_75,
         ]
-    return variants
+    return arms
 
 
 def cpu_base() -> RunConfig:
@@ -63,21 +63,21 @@ def cpu() -> Study:
 def cpu_lr() -> Study:
     base = update(cpu_base(), {"train": {"max_steps": 300, "warmup_steps": 30, "eval_every": 100,
                                          "checkpoint_every": 100}})
-    variants = _paper_variants() + [
+    arms = _paper_variants() + [
         Arm("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
     ]
     return Study("cpu-lr",
                  "each variant at several peak learning rates, compared at its best (docs/METHOD.md, section 6)",
-                 base, variants, seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3], width_family=WIDTH_FAMILY)
+                 base, arms, seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3], width_family=WIDTH_FAMILY)
 
 
 def encoder() -> Study:
     """The W_Q absorption argument holds for any mask; here the encoder, trained with masked LM."""
     base = update(cpu_base(), {"model": {"causal": False, "vocab_size": 2112},  # bpe:2048 + mask token
                                "train": {"objective": "mlm"}})
-    variants = [v for v in _paper_variants(mlp=False) if v.name in ("linear", "nonlinear", "identity")]
+    arms = [v for v in _paper_variants(mlp=False) if v.name in ("linear", "nonlinear", "identity")]
     return Study("encoder", "masked-LM encoder on Shakespeare: linear vs nonlinear vs identity query",
-                 base, variants, seeds=[1, 2, 3], data=CPU_DATA)
+                 base, arms, seeds=[1, 2, 3], data=CPU_DATA)
 
 
 def kvo() -> Study:
@@ -85,7 +85,7 @@ def kvo() -> Study:
     def placed(name: str, note: str, **projections) -> Arm:
         return Arm(name, {"model": {"projections": projections}}, note)
 
-    variants = [
+    arms = [
         placed("linear", "baseline: every projection linear"),
         placed("q-nonlinear", "Q = (X + f(X)) / 2, the paper", q="nonlinear"),
         placed("k-nonlinear", "K = (X + f(X)) / 2", k="nonlinear"),
@@ -93,14 +93,14 @@ def kvo() -> Study:
         placed("o-nonlinear", "output = (Y + f(Y)) / 2", o="nonlinear"),
         placed("qk-nonlinear", "both Q and K nonlinear", q="nonlinear", k="nonlinear"),
     ]
-    return Study("kvo", "the nonlinear projection at each placement: q, k, v, o, q+k", cpu_base(), variants,
+    return Study("kvo", "the nonlinear projection at each placement: q, k, v, o, q+k", cpu_base(), arms,
                  seeds=[1, 2, 3], data=CPU_DATA)
 
 
 def paper() -> Study:
     """GPT-3 small on OpenWebText with GPT-2 BPE, as the paper (for GPUs). The nonlinear run at the paper's
     higher peak lr is included beside the lr-matched one."""
-    variants = [
+    arms = [
         Arm("linear", {"model": {"query": "linear"}}, "baseline, lr 6e-4"),
         Arm("nonlinear", {"model": {"query": "nonlinear"}}, "the method at the baseline's lr"),
         Arm("nonlinear-lr3.6e-3", {"model": {"query": "nonlinear"}, "train": {"lr": 3.6e-3, "min_lr": 2e-5}},
@@ -108,7 +108,7 @@ def paper() -> Study:
         MLP_4_75,
     ]
     return Study("paper", "the paper's GPT-3-small recipe (60k steps of 491,520 tokens)", get_preset("gpt3-small"),
-                 variants, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))
+                 arms, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))
 
 
 # ---- the report ----------------------------------------------------------------------------------
@@ -118,23 +118,23 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
     paired_curves.png; return the markdown."""
     _, results = load_results(study_dir)
     baseline = study["baseline"]
-    order = [v["name"] for v in study["variants"]]
+    order = [v["name"] for v in study["arms"]]
     lrs = best_lr(results)
-    chosen = [r for r in results if r.lr == lrs[r.variant]]
-    by_variant = {v: sorted((r for r in chosen if r.variant == v), key=lambda r: r.seed) for v in order}
-    by_variant = {v: rs for v, rs in by_variant.items() if rs}
-    if baseline not in by_variant:
+    chosen = [r for r in results if r.lr == lrs[r.arm]]
+    by_arm = {v: sorted((r for r in chosen if r.arm == v), key=lambda r: r.seed) for v in order}
+    by_arm = {v: rs for v, rs in by_arm.items() if rs}
+    if baseline not in by_arm:
         raise UserError(f"the baseline {baseline!r} has no finished run in {study_dir}")
-    base_runs = by_variant[baseline]
+    base_runs = by_arm[baseline]
     base_loss = float(np.mean([r.val_loss for r in base_runs]))
     base_params = base_runs[0].params
 
     rows, paired = [], {}
-    for variant, runs in by_variant.items():
+    for arm, runs in by_arm.items():
         losses = [r.val_loss for r in runs]
         mean = float(np.mean(losses))
         rows.append({
-            "variant": variant, "lr": lrs[variant], "seeds": len(runs), "params": runs[0].params,
+            "arm": arm, "lr": lrs[arm], "seeds": len(runs), "params": runs[0].params,
             "params_vs_base": runs[0].params / base_params - 1, "val_loss": mean,
             "val_loss_std": float(np.std(losses, ddof=1)) if len(losses) > 1 else math.nan,
             "ppl": math.exp(mean), "bpb": float(np.mean([r.val_bpb for r in runs])),
@@ -142,26 +142,26 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
             "tokens_per_s": float(np.median([r.tokens_per_s for r in runs])),
             "acc": float(np.mean([r.val_acc for r in runs])) if all(r.val_acc is not None for r in runs) else None,
         })
-        if variant != baseline:
+        if arm != baseline:
             base_by_seed = {r.seed: r.val_loss for r in base_runs}
             pairs = [(r.val_loss, base_by_seed[r.seed]) for r in runs if r.seed in base_by_seed]
             if pairs:
-                paired[variant] = paired_difference([p[0] for p in pairs], [p[1] for p in pairs])
+                paired[arm] = paired_difference([p[0] for p in pairs], [p[1] for p in pairs])
 
-    family = [v for v in study.get("width_family", []) if v in by_variant]
-    fit = fit_loss_vs_params([by_variant[v][0].params for v in family],
-                             [np.mean([r.val_loss for r in by_variant[v]])
+    family = [v for v in study.get("width_family", []) if v in by_arm]
+    fit = fit_loss_vs_params([by_arm[v][0].params for v in family],
+                             [np.mean([r.val_loss for r in by_arm[v]])
                               for v in family]) if len(family) >= 2 else None
 
     verdicts = dict(zip(paired, holm_verdicts(list(paired.values()))))
     write_result(study_dir / "result.json", {"study": study["name"], "baseline": baseline, "runs": len(results),
-                                             "lrs": lrs, "variants": rows, "paired": verdicts, "width_family": family,
+                                             "lrs": lrs, "arms": rows, "paired": verdicts, "width_family": family,
                                              "fit": list(fit) if fit else None})
     markdown = _markdown(study, rows, paired, family, fit, base_params, len(results), baseline, lrs)
     _write_csv(study_dir / "results.csv", results)
-    plot_val_curves(study_dir / "val_curves.png", by_variant, study["name"])
+    plot_val_curves(study_dir / "val_curves.png", by_arm, study["name"])
     plot_loss_vs_params(study_dir / "loss_vs_params.png", rows, family, fit)
-    plot_paired_curves(study_dir / "paired_curves.png", by_variant, baseline, study["name"])
+    plot_paired_curves(study_dir / "paired_curves.png", by_arm, baseline, study["name"])
     atomic_write(study_dir / "report.md", markdown)
     return markdown
 
@@ -177,7 +177,7 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
              + (" Each variant at its best peak lr of " + ", ".join(f"{x:g}" for x in sweep) + "." if sweep else ""),
              ""]
     lines += markdown_table(header, [
-        [r["variant"], f"{r['lr']:g}", r["seeds"], f"{r['params']:,}", f"{r['params_vs_base']:+.2%}",
+        [r["arm"], f"{r['lr']:g}", r["seeds"], f"{r['params']:,}", f"{r['params_vs_base']:+.2%}",
          f"{r['val_loss']:.4f}" + (f" ± {r['val_loss_std']:.4f}" if not math.isnan(r["val_loss_std"]) else ""),
          f"{r['ppl']:.2f}", f"{r['d_loss']:+.2%}", f"{r['d_ppl']:+.2%}", f"{r['tokens_per_s']:,.0f}"]
         + ([f"{r['acc']:.4f}"] if with_acc else []) for r in rows])
@@ -186,9 +186,9 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
               "the intervals are unadjusted.", ""]
     lines += markdown_table(
         ["variant", "pairs", "mean Δ val loss", "95% interval", "p", "Holm p", "verdict (Holm)"],
-        [[variant, p["n"], f"{p['mean']:+.4f}", interval_text(p)]
+        [[arm, p["n"], f"{p['mean']:+.4f}", interval_text(p)]
          + (["", ""] if math.isnan(p["p"]) else [f"{p['p']:.3g}", f"{p['p_holm']:.3g}"]) + [p["verdict"]]
-         for variant, p in zip(paired, holm_verdicts(list(paired.values())))])
+         for arm, p in zip(paired, holm_verdicts(list(paired.values())))])
     lines += ["", "## Parameter equivalence", ""]
     if not study.get("width_family"):
         lines.append("This study has no family of wider linear baselines, so no parameter equivalent is fitted.")
@@ -198,8 +198,8 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
     else:
         a, b = fit
         lines.append(f"Fit over {', '.join(family)}: val loss = {a:.4f} {b:+.4f} ln(N), N = non-embedding parameters.")
-        needed = {r["variant"]: (r["val_loss"], equivalent_params(fit, r["val_loss"])) for r in rows
-                  if r["variant"] not in family and r["variant"] != baseline}
+        needed = {r["arm"]: (r["val_loss"], equivalent_params(fit, r["val_loss"])) for r in rows
+                  if r["arm"] not in family and r["arm"] != baseline}
         lines += [""] + markdown_table(["variant", "val loss", "linear baseline would need", "vs baseline"],
                                        [[v, f"{loss:.4f}", f"{n:,.0f}", f"{n / base_params - 1:+.1%}"]
                                         for v, (loss, n) in needed.items()])
@@ -216,7 +216,7 @@ def _write_csv(path: Path, results: list[RunResult]) -> None:
     writer = csv.writer(buffer)
     writer.writerow(["run", "variant", "lr", "seed", "non_embedding_params", "val_loss", "val_ppl", "val_bpb",
                      "tokens_per_s"])
-    for r in sorted(results, key=lambda r: (r.variant, r.lr, r.seed)):
-        writer.writerow([r.name, r.variant, r.lr, r.seed, r.params, f"{r.val_loss:.6f}", f"{math.exp(r.val_loss):.4f}",
+    for r in sorted(results, key=lambda r: (r.arm, r.lr, r.seed)):
+        writer.writerow([r.name, r.arm, r.lr, r.seed, r.params, f"{r.val_loss:.6f}", f"{math.exp(r.val_loss):.4f}",
                          f"{r.val_bpb:.6f}", f"{r.tokens_per_s:.1f}"])
     atomic_write(path, buffer.getvalue())

@@ -1,6 +1,7 @@
-"""A study's design as data: its arms (Arm), the corpus it prepares (DataSpec), its settings (Study) and each
-run it asks for (Run), with the hash that freezes a plan and the field where two plans differ. Nothing here trains
-or imports the trainer: reading a plan, dry-running it and writing its report need only this (study.py runs it).
+"""A study's design as data: its arms (Arm), the corpus it prepares (DataSpec), the study (Study, with the design
+its plan fixes) and each run it asks for (Run), with the hash that freezes a plan, the field where two plans differ,
+and the reader of study.json (read_study: older files' keys read as today's). Nothing here trains or imports the
+trainer: reading a plan, dry-running it and writing its report need only this (study.py runs it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nlq.config import RunConfig, update
+from nlq.errors import UserError
+from nlq.fileio import read_json
 from nlq.overrides import apply_overrides
 
 WORDING = "reference"  # a plan's [reference] table: how its report words an outcome, not what the study runs
@@ -67,7 +70,7 @@ class Study:
     name: str
     description: str
     base: RunConfig
-    arms: list[Arm]  # study.json keeps the key "variants" (committed studies are read as they are)
+    arms: list[Arm]
     seeds: list[int]
     data: DataSpec
     lrs: list[float] | None = None  # peak learning rates to sweep; None: the base's train.lr
@@ -78,7 +81,7 @@ class Study:
     # stages(study_dir) yields lists of runs, and each list is finished before the next is asked for.
     stages: Callable[[Path], Iterator[list[Run]]] | None = None
     report: str = "comparison"  # which report nlq report writes (registry.REPORTS)
-    settings: dict = field(default_factory=dict)  # the study's own design settings, written to study.json
+    design: dict = field(default_factory=dict)  # what its plan fixes (shape, lrs, seeds, the rule), to study.json
     plan: dict | None = None  # the plan file it was read from (studies/plan.py), frozen by its hash in study.json
 
     def runs(self) -> list[Run]:
@@ -95,8 +98,8 @@ class Study:
     def describe(self) -> dict:
         described = {"name": self.name, "description": self.description, "baseline": self.baseline,
                      "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
-                     "variants": [dataclasses.asdict(v) for v in self.arms], "data": dataclasses.asdict(self.data)}
-        described |= {"settings": self.settings} if self.settings else {}
+                     "arms": [dataclasses.asdict(v) for v in self.arms], "data": dataclasses.asdict(self.data)}
+        described |= {"design": self.design} if self.design else {}
         plan = {"plan": self.plan, "plan_hash": plan_hash(self.plan)} if self.plan is not None else {}
         return described | plan
 
@@ -131,3 +134,30 @@ class Run:
             train.update(lr=self.lr, min_lr=self.lr * self.study.min_lr_ratio if self.min_lr is None else self.min_lr)
         config = update(config, {"train": train, "data": {"dir": str(Path(data_dir).resolve()) if data_dir else ""}})
         return apply_overrides(update(config, self.changes), overrides)
+
+
+# study.json's keys before nlq named one thing one way: the design was "settings", the arms "variants" and a run's
+# arm "variant". Committed studies keep them; read_study reads them as today's.
+OLD_STUDY_KEYS = {"settings": "design", "variants": "arms"}
+
+
+def upgraded_study(described: dict) -> dict:
+    """A study.json's contents with older keys (OLD_STUDY_KEYS, a run record's "variant") read as today's."""
+    out = {OLD_STUDY_KEYS.get(key, key): value for key, value in described.items()}
+    runs = out.get("runs")
+    if isinstance(runs, list):
+        out["runs"] = [{("arm" if key == "variant" else key): value for key, value in r.items()}
+                       if isinstance(r, dict) else r for r in runs]
+    return out
+
+
+def read_study(study_dir: Path) -> dict:
+    """A study directory's study.json, with today's keys, its list of runs checked; one-line errors otherwise."""
+    study_path = Path(study_dir) / "study.json"
+    if not study_path.is_file():
+        raise UserError(f"{study_dir} is not a study directory (no study.json); run nlq study NAME --out {study_dir}")
+    study = upgraded_study(read_json(study_path, "the study's description; run nlq study again to rewrite it"))
+    runs = study.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and "name" in r for r in runs):
+        raise UserError(f"{study_path} lists its runs wrongly (not a list of runs with names); run nlq study again")
+    return study

@@ -24,7 +24,7 @@ from nlq.fileio import read_json, write_json
 from nlq.model import Transformer
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
-from nlq.studies.design import Run, Study
+from nlq.studies.design import Run, Study, read_study
 from nlq.studies.plan import Plan, design_kind
 from nlq.studies.selection import grid_step, lr_means
 from nlq.studies.sequential import look, operating, spending_bounds
@@ -32,22 +32,22 @@ from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.wsd import chain_tokens, flops_per_token, non_embedding_parameters, wsd_chain
 
 
-def has_grid(settings: dict) -> bool:
-    return design_kind(settings) == "lr-grid"
+def has_grid(design: dict) -> bool:
+    return design_kind(design) == "lr-grid"
 
 
 def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]]) -> list[Run]:
     """One WSD chain per (seed, arm, lr), borrowed arms left out. A grid plan names its runs with their lr and sets
     min lr = lr x min_lr_ratio; a one-lr plan keeps the lr out of the names and takes its min lr as registered."""
-    s = study.settings
+    s = study.design
     runs = []
     for i, seed in enumerate(seeds):
         arms = [v for v in study.arms if lrs.get(v.name) and v.name not in borrowed_arms(s)]
         arms = arms if i % 2 == 0 else arms[::-1]
         for lr in sorted({lr for v in arms for lr in lrs[v.name]}):
             min_lr = lr * s["min_lr_ratio"] if has_grid(s) else s["min_lr"]
-            for variant in (v for v in arms if lr in lrs[v.name]):
-                levels = wsd_chain(study, variant, seed, study_dir, width=s["width"], shape=s["shape"],
+            for arm in (v for v in arms if lr in lrs[v.name]):
+                levels = wsd_chain(study, arm, seed, study_dir, width=s["width"], shape=s["shape"],
                                    budgets_tpp=s["budgets_tpp"], lr=lr, min_lr=min_lr,
                                    branch={"data": {"final_eval": "full"}}, lr_in_name=has_grid(s))
                 runs += [run for level in levels for run in level]
@@ -66,30 +66,29 @@ def run_dir_of(study_dir: Path, record: dict) -> Path:
 def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str, float, int], float | None]:
     """(arm, lr, seed) -> the endpoint of its primary-budget run, or None if it (or its chain) diverged; runs still
     to come are absent. Borrowed arms' runs are read where they are, and must record the commit borrowed at."""
-    s = study["settings"]
+    s = study["design"]
     out = {}
     for r in run_records(study_dir, study):
         if r.get("stage") != "budget" or r.get("tpp") != s["primary_tpp"] or r["seed"] not in seeds:
             continue
         run_dir = run_dir_of(study_dir, r)
         if (run_dir / DIVERGED).is_file():
-            out[(r["variant"], r["lr"], r["seed"])] = None
+            out[(r["arm"], r["lr"], r["seed"])] = None
         elif (run_dir / "summary.json").is_file():
             summary = read_json(run_dir / "summary.json", "a run summary")
             check_commit(summary, r)
             if s["endpoint"] in summary:  # a summary without it has not ended as a plan's run ends
-                out[(r["variant"], r["lr"], r["seed"])] = summary[s["endpoint"]]
+                out[(r["arm"], r["lr"], r["seed"])] = summary[s["endpoint"]]
     return out
 
 
 def selected_lrs(study: Study, study_dir: Path):
     """The stages of a grid plan's selection, one at a time; its return value (what `yield from` gives) is each
     arm's selected lr."""
-    s, arms = study.settings, [v.name for v in study.arms]
+    s, arms = study.design, [v.name for v in study.arms]
 
     def means() -> dict[str, dict]:
-        ended = endpoints(study_dir, read_json(study_dir / "study.json", "the study's description"),
-                          s["selection_seeds"])
+        ended = endpoints(study_dir, read_study(study_dir), s["selection_seeds"])
         return {arm: lr_means(ended, arm, s["selection_seeds"]) for arm in arms}
 
     yield chains(study, study_dir, s["selection_seeds"], {arm: s["lrs"] for arm in arms})
@@ -122,12 +121,12 @@ def sequential_test(study: Study, study_dir: Path, lrs: dict[str, list[float]]):
     ended, the statistic (sequential.look) on its pairs, recorded in study_dir/sequential.json; at a crossed bound
     no further test chain is trained (every shard computes the same from the same endpoints). Its return value (what
     `yield from` gives) is the seeds the test used, on which the secondary arms then train."""
-    s, (baseline, method) = study.settings, study.settings["primary"]
+    s, (baseline, method) = study.design, study.design["primary"]
     done = 0
     for k, n in enumerate(s["looks"]):
         yield chains(study, study_dir, s["seeds"][done:n], lrs)
         done, seeds = n, s["seeds"][:n]
-        ended = endpoints(study_dir, read_json(study_dir / "study.json", "the study's description"), seeds)
+        ended = endpoints(study_dir, read_study(study_dir), seeds)
         values = {(arm, seed): v for (arm, lr, seed), v in ended.items() if lr in lrs.get(arm, [])}
         if any((arm, seed) not in values for arm in (baseline, method) for seed in seeds):
             raise UserError(f"the test runs of look {k + 1} of {study.name} have not all ended; run the study again "
@@ -159,7 +158,7 @@ def record_look(study_dir: Path, at: dict) -> None:
 def arms_text(study: Study) -> str:
     """Each arm's exact non-embedding parameter count at the design's shape, against the baseline's (for --dry-run),
     and where an arm is borrowed from."""
-    s = study.settings
+    s = study.design
     counts = {v.name: non_embedding_parameters(update(update(study.base, v.changes), {"model": s["shape"]}))
               for v in study.arms}
     baseline = s["primary"][0]
@@ -178,7 +177,7 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     and its branches) and training tokens of the selection, of the worst case of the edge rule (every trained arm
     extended max_extensions times each way) and of the test; borrowed arms cost nothing here. Hours only at a pace
     measured here: the median tokens/s of the study's own finished runs, once there are some."""
-    s = study.settings
+    s = study.design
     arms = [v for v in study.arms if v.name not in borrowed_arms(s)]
     per_chain = chain_tokens(update(study.base, {"model": s["shape"]}), s["shape"], s["budgets_tpp"])
     stages = [("test", len(arms) * len(s["seeds"]))]
@@ -206,7 +205,7 @@ def gpu_hours_text(study: Study, per_chain: int, stages: list[tuple[str, int]]) 
     training FLOPs per token of its arms at the design's shape, and for a sequential test the expected test chains
     with no difference and at the planning difference (normal approximation; the secondary arms train the seeds
     the test used)."""
-    s = study.settings
+    s = study.design
     arms = [v for v in study.arms if v.name not in borrowed_arms(s)]
     flops = sum(flops_per_token(update(update(study.base, v.changes), {"model": s["shape"]})) for v in arms) / len(arms)
     hours = per_chain * flops / (s["mfu"] * s["gpu_peak_tflops"] * 1e12) / 3600  # one chain
@@ -236,7 +235,7 @@ def shared_start_text(study: Study, limit: int = 20_000_000) -> str:
     """Per arm, the parameter tensors that start equal to the baseline's at the first test seed (weights are drawn
     per name, so equal names usually start equal): checked by building both models, for models under `limit`
     parameters."""
-    s = study.settings
+    s = study.design
     baseline = s["primary"][0]
     configs = {v.name: update(update(study.base, v.changes), {"model": s["shape"]}).model for v in study.arms}
     if configs[baseline].approx_parameters() > limit:
@@ -297,10 +296,10 @@ def plan_study(plan: Plan) -> Study:
     """The study of a plan: its arms, seeds and design; its stages as the module docstring says."""
     s = plan.design
     study = Study(plan.name, plan.description, plan.base, plan.arms, seeds=s["seeds"], data=plan.data,
-                  report="plan", settings=dict(s), plan=plan.raw)
+                  report="plan", design=dict(s), plan=plan.raw)
 
     def stages(study_dir: Path):
-        borrowed_records(study_dir, {"settings": s, "plan": plan.raw})  # a borrowed arm must be the same experiment
+        borrowed_records(study_dir, {"design": s, "plan": plan.raw})  # a borrowed arm must be the same experiment
         if has_grid(s):
             chosen = yield from selected_lrs(study, study_dir)
         else:

@@ -41,7 +41,7 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
                 print(arms_text(study))
                 print(shared_start_text(study))
                 print(bounds_text(study, Path(out), shards or 1))
-                print(power_text(study.settings))
+                print(power_text(study.design))
             return
         run_study(study, out, overrides, data_dir=data, shard=chosen[0])
     build_report(out)

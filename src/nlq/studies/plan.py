@@ -4,7 +4,7 @@ A plan names its corpus, the recipe every run starts from (a preset and config c
 config changes each), and its design: the shape, the budgets in tokens per parameter, the seeds, either one lr for
 every arm or an lr grid with selection seeds and an edge rule, the endpoint, the margin and the declared secondary
 arms. The shipped plans live in nlq/plans/ (`plans/` in a checkout): `nlq study verdict` is `plans/verdict.toml`.
-The design goes to study.json as the study's settings, the whole plan and its hash beside it: a changed plan is
+The design goes to study.json as the study's design, the whole plan and its hash beside it: a changed plan is
 refused against a study directory that ran another (the field that changed is named).
 """
 
@@ -48,7 +48,7 @@ class Plan:
     data: DataSpec
     base: RunConfig
     arms: list[Arm]
-    design: dict  # the study's settings, as written (study.json)
+    design: dict  # what the plan fixes, as study.json holds it
     raw: dict  # the whole file as parsed: what is frozen
 
     @property
@@ -65,7 +65,7 @@ def design_kind(design: dict) -> str:
 def reference_of(study: dict) -> dict:
     """The [reference] wording of a plan study (study.json): its frozen plan's, or, for a study frozen before plans
     carried one, the shipped plan of its name with the same design: the same hash (the wording is not hashed), or
-    for a study run before plan files, the same [design] as its settings."""
+    for a study run before plan files, the same [design] as its own."""
     plan = study.get("plan") or {}
     if WORDING in plan:
         return plan[WORDING]
@@ -74,7 +74,7 @@ def reference_of(study: dict) -> dict:
         return {}
     raw = tomllib.loads(shipped.read_text(encoding="utf-8"))
     frozen = study.get("plan_hash")
-    same = plan_hash(raw) == frozen if frozen else raw.get("design") == study.get("settings")
+    same = plan_hash(raw) == frozen if frozen else raw.get("design") == study.get("design")
     return raw.get(WORDING, {}) if same else {}
 
 
@@ -214,21 +214,21 @@ def _borrow(value, field: str, fail) -> dict:
     return dict(value)
 
 
-def check_settings(settings, where: str) -> dict:
-    """A study's settings as study.json holds them (a plan's design), checked as a plan file's design is: a
+def check_design(recorded, where: str) -> dict:
+    """A study's design as study.json holds it (a plan's [design]), checked as a plan file's design is: a
     study.json edited by hand is a one-line error naming the field, not a traceback in its report."""
     def fail(field: str, what: str):
         raise UserError(f"{where}: {field} {what}; run the study again from its plan to rewrite it")
 
-    if not isinstance(settings, dict) or not isinstance(settings.get("primary"), list):
-        fail("settings", "are missing or hold no design.primary")
-    arms = [a for a in settings["primary"] + (settings.get("secondary") or []) if isinstance(a, str)]
-    design = dict(settings)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("primary"), list):
+        fail("design", "is missing or holds no design.primary")
+    arms = [a for a in recorded["primary"] + (recorded.get("secondary") or []) if isinstance(a, str)]
+    design = dict(recorded)
     borrowed = design.pop("borrowed", None)
     if borrowed is not None and not (isinstance(borrowed, dict) and set(borrowed) <= set(arms)):
-        fail("settings.borrowed", f"is {borrowed!r}; it maps arm names to {{study, commit}}")
+        fail("design.borrowed", f"is {borrowed!r}; it maps arm names to {{study, commit}}")
     for arm, value in (borrowed or {}).items():
-        _borrow(value, f"settings.borrowed.{arm}", fail)
+        _borrow(value, f"design.borrowed.{arm}", fail)
     return _design(design, arms, fail) | ({"borrowed": borrowed} if borrowed else {})
 
 
@@ -257,7 +257,7 @@ def _design(design: dict, arms: list[str], fail) -> dict:
 def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
     def seeds(key):
         values = d[key]
-        if len(values) < 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in values) \
+        if len(values) < 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in values)\
                 or len(set(values)) < len(values):
             fail(f"design.{key}", f"is {values!r}; give at least two distinct non-negative integers")
 

@@ -15,13 +15,13 @@ def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str, name: str) -> No
     cells = [(v, tpp, pairs_of(loss, baseline, v, s["seeds"], tpp, s["endpoint"])) for v, tpp in cells]
     cells = [(v, tpp, pairs) for v, tpp, pairs in cells if len(pairs) == len(s["seeds"])]
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for x, (variant, tpp, pairs) in enumerate(cells):
+    for x, (arm, tpp, pairs) in enumerate(cells):
         deltas = [v - b for _, b, v in pairs]
         p = paired_difference(deltas, [0.0] * len(deltas), s["confidence"])
         ax.scatter([x + 0.12 * (i / max(1, len(deltas) - 1) - 0.5) for i in range(len(deltas))], deltas, s=12,
                    color="grey", alpha=0.7, zorder=2)
         ax.errorbar([x + 0.25], [p["mean"]], yerr=[[p["mean"] - p["low"]], [p["high"] - p["mean"]]], fmt="o",
-                    color="C0" if (variant, tpp) == (s["primary"][1], s["primary_tpp"]) else "C1", capsize=4, zorder=3)
+                    color="C0" if (arm, tpp) == (s["primary"][1], s["primary_tpp"]) else "C1", capsize=4, zorder=3)
     ax.axhline(0.0, color="k", lw=0.8)
     for sign in (-1, 1):
         ax.axhline(sign * s["margin"], color="C3", lw=0.8, ls="--")

@@ -15,7 +15,7 @@ from nlq.config import RunConfig
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.studies.engine import endpoints, has_grid, run_dir_of, run_records
-from nlq.studies.plan import check_settings, reference_of
+from nlq.studies.plan import check_design, reference_of
 from nlq.studies.plan_plots import plot_curve, plot_one_lr, plot_test
 from nlq.studies.plan_sections import (
     no_effect,
@@ -45,15 +45,15 @@ from nlq.studies.wsd import flops_per_token
 def build_plan_report(study_dir: Path, study: dict) -> str:
     """report.md, results.csv, verdict.json and the plots of a plan's study, from what is on disk; the design is
     read from study.json (as registered), so the report tests what was registered even if the plan file changes."""
-    check_settings(study.get("settings"), f"{study_dir / 'study.json'} settings")
-    variants = {v.get("name") for v in study.get("variants", []) if isinstance(v, dict)}
-    named = study["settings"]["primary"] + (study["settings"].get("secondary") or [])
-    if variants and not set(named) <= variants:
-        missing = sorted(set(named) - variants)
+    check_design(study.get("design"), f"{study_dir / 'study.json'}")
+    arms = {v.get("name") for v in study.get("arms", []) if isinstance(v, dict)}
+    named = study["design"]["primary"] + (study["design"].get("secondary") or [])
+    if arms and not set(named) <= arms:
+        missing = sorted(set(named) - arms)
         raise UserError(f"{study_dir / 'study.json'}: its design names arm {missing[0]!r}, which is none of its arms "
-                        f"({', '.join(sorted(variants))}); run the study again from its plan to rewrite it")
-    study = study | {"settings": {"secondary": []} | study["settings"]}  # a design may declare no secondary arms
-    return grid_report(study_dir, study) if has_grid(study["settings"]) else one_lr_report(study_dir, study)
+                        f"({', '.join(sorted(arms))}); run the study again from its plan to rewrite it")
+    study = study | {"design": {"secondary": []} | study["design"]}  # a design may declare no secondary arms
+    return grid_report(study_dir, study) if has_grid(study["design"]) else one_lr_report(study_dir, study)
 
 
 # ---- a plan with one lr for every arm ---------------------------------------------------------------------------
@@ -63,9 +63,9 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     registered pair has finished), then the declared secondary comparisons, Holm-adjusted as one family;
     results.csv; verdict_deltas.png (per-seed Δ, mean and interval, the equivalence margins); verdict.json (the
     finished pairs of each arm and, once all are in, the decision: interval, equivalence test, verdict)."""
-    s = study["settings"]
+    s = study["design"]
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
-    loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs}
+    loss = {(r["arm"], r["seed"], r["tpp"]): r for r in runs}
     seeds, primary_tpp = s["seeds"], s["primary_tpp"]
     baseline, method = s["primary"]
     lines = header(study) + ["## The pre-registered test", "",
@@ -90,13 +90,8 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it "
                   "shows.", ""]
         return write_outcome(study_dir, lines, outcome)
-    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method,
-                      no_effect(study))
-    if "looks" in s:
-        decision = sequential_decision(decision, sequential_end(study_dir, s), s, method, no_effect(study))
-    outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
-                "tokens_per_parameter": primary_tpp, "margin": s["margin"],
-                "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
+    outcome |= decided(study, study_dir, pairs)
+    decision = outcome["decision"]
     facts = primary_facts(pairs, s, method, no_effect(study))
     outcome |= facts
     lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, facts)
@@ -147,14 +142,28 @@ def write_outcome(study_dir: Path, lines: list[str], outcome: dict) -> str:
 
 def csv_columns(runs: list[dict]) -> list[str]:
     accuracy = ["full_val_acc"] if any(r.get("objective") == "classify" for r in runs) else []
-    return ["name", "tpp", "variant", "lr", "seed", "tokens", "non_embedding_parameters", "val_loss",
+    return ["name", "tpp", "arm", "lr", "seed", "tokens", "non_embedding_parameters", "val_loss",
             "full_val_loss"] + accuracy
+
+
+def decided(study: dict, study_dir: Path, pairs: list[tuple]) -> dict:
+    """The primary test's decision by the registered rule (a sequential test's read off its repeated interval), with
+    what verdict.json records beside it."""
+    s = study["design"]
+    baseline, method = s["primary"]
+    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method,
+                      no_effect(study))
+    if "looks" in s:
+        decision = sequential_decision(decision, sequential_end(study_dir, s), s, method, no_effect(study))
+    return {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
+            "tokens_per_parameter": s["primary_tpp"], "margin": s["margin"],
+            "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
 
 
 def grid_report(study_dir: Path, study: dict) -> str:
     """report.md, verdict.json (selected lrs, the lr curve, ended pairs and, once in, the decision and the secondary
     family), results.csv, verdict_lr_curve.png (the selection) and verdict_lr_test.png (the test's Δs)."""
-    s = study["settings"]
+    s = study["design"]
     arms = s["primary"] + s["secondary"]
     baseline, method = s["primary"]
     budget_runs = [r for r in load_summaries(study_dir, {"runs": run_records(study_dir, study)})
@@ -186,9 +195,9 @@ def grid_report(study_dir: Path, study: dict) -> str:
                                                          reference_of(study).get("paper_claim"))
 
     runs = budget_runs
-    loss = {(r["variant"], r["seed"], r["tpp"]): r for r in runs
-            if r["seed"] in s["seeds"] and chosen[r["variant"]]["lr"] is not None
-            and r["lr"] == chosen[r["variant"]]["lr"]}
+    loss = {(r["arm"], r["seed"], r["tpp"]): r for r in runs
+            if r["seed"] in s["seeds"] and chosen[r["arm"]]["lr"] is not None
+            and r["lr"] == chosen[r["arm"]]["lr"]}
     tested = endpoints(study_dir, study, s["seeds"])
     ended = test_seeds(study_dir, s)  # a sequential test: the seeds up to the look where it ended (None: running)
     seeds = ended or s["seeds"]
@@ -204,13 +213,8 @@ def grid_report(study_dir: Path, study: dict) -> str:
         lines += [f"{len(pairs) + len(diverged)} of {len(s['seeds'])} test pairs have ended. The test is computed once "
                   "all have: no endpoint is shown before."]
         return write_outcome(study_dir, lines, outcome)
-    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method,
-                      no_effect(study))
-    if "looks" in s:
-        decision = sequential_decision(decision, sequential_end(study_dir, s), s, method, no_effect(study))
-    outcome |= {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
-                "tokens_per_parameter": s["primary_tpp"], "margin": s["margin"],
-                "baseline_mean": mean_std([b for _, b, _ in pairs])[0], "diverged_pairs": diverged}
+    outcome |= decided(study, study_dir, pairs) | {"diverged_pairs": diverged}
+    decision = outcome["decision"]
     if diverged:
         lines += [f"Pairs with a diverged run, left out of the test: seeds {', '.join(map(str, diverged))}.", ""]
     facts = primary_facts(pairs, s, method, no_effect(study))
@@ -236,7 +240,7 @@ def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
     first = {}
     for r in runs:
         if r.get("tpp") == s["primary_tpp"]:
-            first.setdefault(r["variant"], r)
+            first.setdefault(r["arm"], r)
     arms = [arm for arm in s["primary"] + (s.get("secondary") or []) if arm in first]
     if not arms:
         return []

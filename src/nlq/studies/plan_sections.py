@@ -149,10 +149,10 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
     family = [(v, tpp) for v in [method, *s["secondary"]] for tpp in s["budgets_tpp"]
               if (v, tpp) != (method, s["primary_tpp"])]
     rows = []
-    for variant, tpp in family:
-        pairs = pairs_of(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
+    for arm, tpp in family:
+        pairs = pairs_of(loss, baseline, arm, s["seeds"], tpp, s["endpoint"])
         if len(pairs) == len(s["seeds"]):
-            rows.append((variant, tpp, paired_difference([v for _, _, v in pairs], [b for _, b, _ in pairs],
+            rows.append((arm, tpp, paired_difference([v for _, _, v in pairs], [b for _, b, _ in pairs],
                                                          s["confidence"])))
     lines = ["", "## Secondary comparisons (declared in advance; not part of the decision)", ""]
     if not family:
@@ -168,11 +168,11 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
     lines += [f"Holm-adjusted over the {len(family)} declared comparisons as one family{pending}.", ""]
     lines += markdown_table(
         ["variant", "tokens/param", "pairs", f"mean Δ vs {baseline}", "95% interval", "p", "Holm p", "reading"],
-        [[variant, f"{tpp:g}", p["n"], f"{p['mean']:+.4f}", interval_text(p), f"{p['p']:.3g}", f"{p_holm:.3g}",
-          reading(p, p_holm, s)] for (variant, tpp, p), p_holm in zip(rows, adjusted)])
+        [[arm, f"{tpp:g}", p["n"], f"{p['mean']:+.4f}", interval_text(p), f"{p['p']:.3g}", f"{p_holm:.3g}",
+          reading(p, p_holm, s)] for (arm, tpp, p), p_holm in zip(rows, adjusted)])
     fragile = []
-    for index, (variant, tpp, _) in enumerate(rows):
-        pairs = pairs_of(loss, baseline, variant, s["seeds"], tpp, s["endpoint"])
+    for index, (arm, tpp, _) in enumerate(rows):
+        pairs = pairs_of(loss, baseline, arm, s["seeds"], tpp, s["endpoint"])
 
         def words_of(d: list[float], index=index) -> str:  # this comparison's reading, the others' p as they are
             p = paired_difference(d, [0.0] * len(d), s["confidence"])
@@ -181,7 +181,7 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
                 index], s)
         fragile += one_pair_lines(one_pair_decides([seed for seed, _, _ in pairs], [v - b for _, b, v in pairs],
                                                    s["confidence"], words_of),
-                                  f"the reading of {variant} at {tpp:g} tokens/param")
+                                  f"the reading of {arm} at {tpp:g} tokens/param")
     return lines + ([""] + fragile if fragile else [])
 
 
@@ -215,10 +215,10 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
             label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
             p, base = paired_difference(diffs, [0.0] * len(diffs), s["confidence"]), None
         else:
-            variant, baseline = member
-            label = f"{variant} - {baseline}"
-            diffs = [value[(variant, seed)] - value[(baseline, seed)] for seed in complete]
-            p = paired_difference([value[(variant, seed)] for seed in complete],
+            arm, baseline = member
+            label = f"{arm} - {baseline}"
+            diffs = [value[(arm, seed)] - value[(baseline, seed)] for seed in complete]
+            p = paired_difference([value[(arm, seed)] for seed in complete],
                                   [value[(baseline, seed)] for seed in complete], s["confidence"])
             base = mean_std([value[(baseline, seed)] for seed in complete])[0]
         rows.append({"comparison": label, "member": member, "baseline_mean": base, **p})
@@ -248,18 +248,18 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
 def no_effect(study: dict) -> str:
     """The words of the decision rule for equivalence shown: the plan's [reference] no_effect_words where it has them
     (the shipped verdict plans: their margin stood for the paper's claimed gain), else the margin itself."""
-    return reference_of(study).get("no_effect_words") or f"no effect beyond ±{study['settings']['margin']:g} nats"
+    return reference_of(study).get("no_effect_words") or f"no effect beyond ±{study['design']['margin']:g} nats"
 
 
-def pairs_of(loss: dict, baseline: str, variant: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
+def pairs_of(loss: dict, baseline: str, arm: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
     """(seed, baseline's endpoint, variant's endpoint) for the seeds where both finished with a finite endpoint (a
     summary without one, or with null or inf, counts as not ended)."""
     def value(arm: str, seed: int):
         v = loss.get((arm, seed, tpp), {}).get(endpoint)
         return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
-    return [(seed, value(baseline, seed), value(variant, seed)) for seed in seeds
-            if value(baseline, seed) is not None and value(variant, seed) is not None]
+    return [(seed, value(baseline, seed), value(arm, seed)) for seed in seeds
+            if value(baseline, seed) is not None and value(arm, seed) is not None]
 
 
 def sequential_end(study_dir: Path, s: dict) -> dict | None:

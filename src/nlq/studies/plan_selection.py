@@ -28,7 +28,7 @@ def borrowed_text(s: dict) -> list[str]:
 
 
 def design_text(study: dict) -> str:
-    s = study["settings"]
+    s = study["design"]
     baseline, method = s["primary"]
     return (f"Selection: the arms {', '.join(s['primary'] + s['secondary'])} at peak lr "
             f"{', '.join(f'{lr:g}' for lr in s['lrs'])} (min lr = peak x {s['min_lr_ratio']:g}) on seeds "

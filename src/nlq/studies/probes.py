@@ -2,7 +2,7 @@
 generated on the fly, across widths and difficulty: linear, nonlinear, identity and the +12.5% MLP baseline,
 3 seeds, 2-layer models. The report gives held-out accuracy on the answer positions (and loss) per
 (task, width), paired differences vs linear with 95% intervals, and accuracy against width per variant.
-The tasks, widths and the "solved" threshold are the study's settings, written to study.json.
+The tasks, widths and the "solved" threshold are the study's design, written to study.json.
 """
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ def base() -> RunConfig:
 
 def probe_runs(study: Study) -> list[Run]:
     runs = []
-    for task_name, spec in study.settings["tasks"].items():
+    for task_name, spec in study.design["tasks"].items():
         for width in spec["widths"]:
             changes = {"model": {"n_embd": width, "n_head": max(1, width // 16), "block_size": spec["block"]},
                        "data": {"task": spec["task"], "task_vocab": spec["vocab"], "task_pairs": spec["pairs"]}}
             for seed in study.seeds:
-                for variant in study.arms:
-                    runs.append(Run(study, variant, seed, None, changes, tag=f"{task_name}-d{width}",
+                for arm in study.arms:
+                    runs.append(Run(study, arm, seed, None, changes, tag=f"{task_name}-d{width}",
                                     labels={"stage": "probe", "task": task_name, "width": width}))
     return runs
 
@@ -76,7 +76,7 @@ def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD, curve: dict[int,
 def probes(tasks: dict | None = None, seeds: list[int] | None = None) -> Study:
     study = Study("probes", "mechanism probes: MQAR, lookup recall, selective copy; 4 variants x widths x 3 seeds",
                   base(), VARIANTS, seeds=list(seeds or SEEDS), data=DataSpec("task", "none"), report="probes",
-                  settings={"tasks": tasks or TASKS, "threshold": THRESHOLD})
+                  design={"tasks": tasks or TASKS, "threshold": THRESHOLD})
     study.stages = lambda study_dir: iter([probe_runs(study)])
     return study
 
@@ -85,12 +85,12 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
     """report.md (per task and width: held-out accuracy, the step each seed first reaches THRESHOLD, paired
     differences to linear with 95% intervals), result.json (its numbers), results.csv, probes_accuracy.png and
     probes_curves.png."""
-    threshold = (study.get("settings") or {}).get("threshold", THRESHOLD)  # studies before nlq 0.3 recorded none
+    threshold = (study.get("design") or {}).get("threshold", THRESHOLD)  # studies before nlq 0.3 recorded none
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "probe"]
     for r in runs:
         r["curve"] = held_out_curve(study_dir / "runs" / r["name"])
         r["steps_to_solve"] = steps_to_solve(study_dir / "runs" / r["name"], threshold, curve=r["curve"])
-    variants = [v["name"] for v in study["variants"]]
+    arms = [v["name"] for v in study["arms"]]
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
              f"Held-out accuracy on the answer positions at the end of training (mean ± std over seeds); the step at "
              f"which each seed's held-out accuracy first reached {threshold:.0%} (`-`: never, within the run); and "
@@ -103,14 +103,14 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
     for task in dict.fromkeys(r["task"] for r in runs):
         for width in sorted({r["width"] for r in runs if r["task"] == task}):
             cell = [r for r in runs if r["task"] == task and r["width"] == width]
-            base = {r["seed"]: r for r in cell if r["variant"] == "linear"}
-            for variant in variants:
-                mine = sorted((r for r in cell if r["variant"] == variant), key=lambda r: r["seed"])
+            base = {r["seed"]: r for r in cell if r["arm"] == "linear"}
+            for arm in arms:
+                mine = sorted((r for r in cell if r["arm"] == arm), key=lambda r: r["seed"])
                 if mine:
-                    cells[(task, width, variant)] = [r["val_acc"] for r in mine]
-                    rows.append(_probe_row(task, width, variant, mine, base))
-                    keys.append({"task": task, "width": width, "variant": variant,
-                                 "accuracy": cells[(task, width, variant)],
+                    cells[(task, width, arm)] = [r["val_acc"] for r in mine]
+                    rows.append(_probe_row(task, width, arm, mine, base))
+                    keys.append({"task": task, "width": width, "arm": arm,
+                                 "accuracy": cells[(task, width, arm)],
                                  "steps_to_solve": [r["steps_to_solve"] for r in mine]})
     tests = holm_verdicts([loss for _, loss in rows if loss is not None])
     for (text, loss), key in zip(rows, keys):
@@ -131,7 +131,7 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
               "| tasks | variant | runs solved | solved, linear not | linear solved, variant not | sign test p "
               "| Holm p | median step reaching it (solved runs) |", "|---|---|---|---|---|---|---|---|"]
     pooled = [row for scope in [*dict.fromkeys(r["task"] for r in runs), "all"]
-              for row in pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], variants)]
+              for row in pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], arms)]
     lines += format_pooled_rows(pooled)
     write_result(study_dir / "result.json", {"study": study["name"], "threshold": threshold, "cells": keys,
                                              "pooled": pooled})
@@ -142,24 +142,24 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
               "Plots: `probes_accuracy.png` (final held-out accuracy against width: a line per variant through the "
               "mean, each seed a dot; variants are drawn side by side, so none hides another); `probes_curves.png` "
               "(held-out accuracy over training steps, each seed its own line, a panel per task and width).", ""]
-    plot_probe_accuracy(study_dir / "probes_accuracy.png", cells, variants)
-    plot_probe_curves(study_dir / "probes_curves.png", runs, variants, threshold)
+    plot_probe_accuracy(study_dir / "probes_accuracy.png", cells, arms)
+    plot_probe_curves(study_dir / "probes_curves.png", runs, arms, threshold)
     write_runs_csv(study_dir / "results.csv", runs,
-                   ["name", "task", "width", "variant", "seed", "val_acc", "val_loss", "steps_to_solve"])
+                   ["name", "task", "width", "arm", "seed", "val_acc", "val_loss", "steps_to_solve"])
     markdown = "\n".join(lines)
     atomic_write(study_dir / "report.md", markdown)
     return markdown
 
 
-def _probe_row(task: str, width: int, variant: str, mine: list[dict], base: dict) -> str:
+def _probe_row(task: str, width: int, arm: str, mine: list[dict], base: dict) -> str:
     mean, sd = mean_std([r["val_acc"] for r in mine])
     spread = f" ± {sd:.3f}" if len(mine) > 1 else ""
     solved = [r["steps_to_solve"] for r in mine]
     steps = ", ".join("-" if s is None else f"{s:,}" for s in solved)
-    row = (f"| {task} | {width} | {variant} | {len(mine)} | {mean:.3f}{spread} | "
+    row = (f"| {task} | {width} | {arm} | {len(mine)} | {mean:.3f}{spread} | "
            f"{sum(s is not None for s in solved)}/{len(solved)} | {steps}")
     pairs = [(r, base[r["seed"]]) for r in mine if r["seed"] in base]
-    if variant == "linear" or not pairs:
+    if arm == "linear" or not pairs:
         return row, None
     acc = paired_difference([a["val_acc"] for a, _ in pairs], [b["val_acc"] for _, b in pairs])
     loss = paired_difference([a["val_loss"] for a, _ in pairs], [b["val_loss"] for _, b in pairs])
@@ -167,20 +167,20 @@ def _probe_row(task: str, width: int, variant: str, mine: list[dict], base: dict
     return row + f" | {acc['mean']:+.3f} | {interval} |", loss
 
 
-def pooled_solve_rows(scope: str, runs: list[dict], variants: list[str]) -> list[dict]:
+def pooled_solve_rows(scope: str, runs: list[dict], arms: list[str]) -> list[dict]:
     """Per variant: runs solved, and against linear's run of the same task, width and seed the discordant pairs
     (solved where linear did not, and the reverse) with an exact two-sided sign test; the median solving step."""
-    solved = {(r["task"], r["width"], r["seed"], r["variant"]): r["steps_to_solve"] is not None for r in runs}
+    solved = {(r["task"], r["width"], r["seed"], r["arm"]): r["steps_to_solve"] is not None for r in runs}
     rows = []
-    for variant in variants:
-        mine = [key for key in solved if key[3] == variant]
+    for arm in arms:
+        mine = [key for key in solved if key[3] == arm]
         if not mine:
             continue
-        steps = [r["steps_to_solve"] for r in runs if r["variant"] == variant and r["steps_to_solve"] is not None]
-        row = {"scope": scope, "variant": variant, "solved": sum(solved[k] for k in mine), "runs": len(mine),
+        steps = [r["steps_to_solve"] for r in runs if r["arm"] == arm and r["steps_to_solve"] is not None]
+        row = {"scope": scope, "arm": arm, "solved": sum(solved[k] for k in mine), "runs": len(mine),
                "median": median(steps) if steps else None, "wins": None, "losses": None, "p": None}
         pairs = [(solved[k], solved[(*k[:3], "linear")]) for k in mine if (*k[:3], "linear") in solved]
-        if variant != "linear" and pairs:
+        if arm != "linear" and pairs:
             wins, losses = sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
             row |= {"wins": wins, "losses": losses,
                     "p": binomtest(wins, wins + losses).pvalue if wins + losses else 1.0}
@@ -195,7 +195,7 @@ def format_pooled_rows(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
         median_text = "-" if r["median"] is None else f"{r['median']:,.0f}"
-        head = f"| {r['scope']} | {r['variant']} | {r['solved']}/{r['runs']} |"
+        head = f"| {r['scope']} | {r['arm']} | {r['solved']}/{r['runs']} |"
         if r["p"] is None:
             lines.append(head + f" | | | | {median_text} |")
         else:

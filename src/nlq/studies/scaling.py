@@ -10,7 +10,7 @@ installed packages, 46M train tokens with bpe:2048, so no budget repeats a token
 Stage 1, lr sweep: each (width, variant) at three peak lrs, one seed, a short budget; the lowest val loss
 picks the variant's lr for stage 2 (the report says whether the best lr differs between variants).
 Stage 2, budgets: warmup-stable-decay branches (wsd.py), the last 20% of each budget a 1 - sqrt cooldown.
-The widths, budgets, lrs and seeds are the study's settings, written to study.json; the report reads them there.
+The widths, budgets, lrs and seeds are the study's design, written to study.json; the report reads them there.
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ def base() -> RunConfig:
 
 def sweep_runs(study: Study) -> list[Run]:
     runs = []
-    for width, spec in study.settings["widths"].items():
+    for width, spec in study.design["widths"].items():
         steps = budget_steps(study.base, spec["shape"], spec["sweep_tpp"])
         changes = merge_changes({"model": dict(spec["shape"])}, {"train": {"max_steps": steps, "eval_every": steps}})
         for lr in spec["lrs"]:
-            for variant in study.arms:
-                runs.append(Run(study, variant, study.settings["sweep_seed"], lr, changes, tag=f"sweep-{width}",
+            for arm in study.arms:
+                runs.append(Run(study, arm, study.design["sweep_seed"], lr, changes, tag=f"sweep-{width}",
                                 labels={"stage": "lr-sweep", "width": width, "tpp": spec["sweep_tpp"]}))
     return runs
 
@@ -82,11 +82,11 @@ def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float]
     runs stay in order)."""
     chains = []
     for width, budgets in budgets_by_width.items():
-        shape = study.settings["widths"][width]["shape"]
+        shape = study.design["widths"][width]["shape"]
         for seed in study.seeds:
-            for variant in study.arms:
-                lr = lrs[(width, variant.name)]
-                chains.append(wsd_chain(study, variant, seed, study_dir, width=width, shape=shape, budgets_tpp=budgets,
+            for arm in study.arms:
+                lr = lrs[(width, arm.name)]
+                chains.append(wsd_chain(study, arm, seed, study_dir, width=width, shape=shape, budgets_tpp=budgets,
                                         lr=lr, min_lr=lr * study.min_lr_ratio))
     return [run for level in range(max(map(len, chains))) for chain in chains if level < len(chain)
             for run in chain[level]]
@@ -96,7 +96,7 @@ def scaling(widths: dict | None = None, seeds: list[int] | None = None) -> Study
     widths = widths or WIDTHS
     study = Study("scaling", "the nonlinear query's effect against tokens per parameter and width (WSD branches)",
                   base(), VARIANTS, seeds=list(seeds or SEEDS), data=DATA, report="scaling",
-                  settings={"widths": widths, "sweep_seed": 1})
+                  design={"widths": widths, "sweep_seed": 1})
 
     def stages(study_dir: Path):
         sweep = sweep_runs(study)
@@ -108,14 +108,14 @@ def scaling(widths: dict | None = None, seeds: list[int] | None = None) -> Study
     return study
 
 
-def planned_tokens(widths: dict = WIDTHS, seeds: list[int] = SEEDS, variants: int = len(VARIANTS)) -> int:
+def planned_tokens(widths: dict = WIDTHS, seeds: list[int] = SEEDS, arms: int = len(VARIANTS)) -> int:
     """Training tokens of the whole study: the sweep, plus per (width, variant, seed) one WSD chain."""
     config, total = base(), 0
     for spec in widths.values():
         steps = budget_steps(config, spec["shape"], spec["sweep_tpp"])
         sweep = steps * step_tokens(config)
-        total += len(spec["lrs"]) * variants * sweep
-        total += len(seeds) * variants * chain_tokens(config, spec["shape"], spec["budgets"])
+        total += len(spec["lrs"]) * arms * sweep
+        total += len(seeds) * arms * chain_tokens(config, spec["shape"], spec["budgets"])
     return total
 
 
@@ -130,7 +130,7 @@ def scaling_shared_lr(widths: dict | None = None, seeds: list[int] | None = None
     widths = widths or {w: dict(WIDTHS[w], budgets=b) for w, b in SHARED_LR_BUDGETS.items()}
     study = Study("scaling-shared-lr", f"the scaling study's d64 budgets with linear and nonlinear at one peak lr "
                   f"({SHARED_LR:g}): is the trend the query's or the lr's?", base(), VARIANTS[:2],
-                  seeds=list(seeds or SEEDS), data=DATA, report="scaling", settings={"widths": widths, "lr": SHARED_LR})
+                  seeds=list(seeds or SEEDS), data=DATA, report="scaling", design={"widths": widths, "lr": SHARED_LR})
 
     def stages(study_dir: Path):
         lrs = {(width, v.name): SHARED_LR for width in widths for v in study.arms}
@@ -149,31 +149,31 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
     runs = load_summaries(study_dir, study)
     sweep = [r for r in runs if r["stage"] == "lr-sweep"]
     budgets = [r for r in runs if r["stage"] == "budget"]
-    variants = [v["name"] for v in study["variants"]]
+    arms = [v["name"] for v in study["arms"]]
     lines = [f"# Study `{study['name']}`", "", study.get("description", ""), "",
              f"Corpus: `{(study.get('data_meta') or {}).get('source')}`, content hash "
              f"`{str((study.get('data_meta') or {}).get('source_hash'))[:16]}`.", "", "## Learning-rate sweep", ""]
-    lines += _sweep_table(sweep, variants, (study.get("settings") or {}).get("widths") or {})
+    lines += _sweep_table(sweep, arms, (study.get("design") or {}).get("widths") or {})
     table, deltas = [], {}
     for width in dict.fromkeys(r["width"] for r in budgets):
         for tpp in sorted({r["tpp"] for r in budgets if r["width"] == width}):
             cell = [r for r in budgets if r["width"] == width and r["tpp"] == tpp]
-            base = {r["seed"]: r for r in cell if r["variant"] == "linear"}
+            base = {r["seed"]: r for r in cell if r["arm"] == "linear"}
             if not base:
                 continue
             base_mean, base_sd = mean_std([r["val_loss"] for r in base.values()])
             base_text = f"{base_mean:.4f}" + (f" ± {base_sd:.4f}" if len(base) > 1 else "")
-            for variant in variants[1:]:
+            for arm in arms[1:]:
                 pairs = [(r["val_loss"], base[r["seed"]]["val_loss"]) for r in cell
-                         if r["variant"] == variant and r["seed"] in base]
+                         if r["arm"] == arm and r["seed"] in base]
                 if not pairs:
                     continue
                 p = paired_difference([a for a, _ in pairs], [b for _, b in pairs])
                 p["deltas"] = [a - b for a, b in pairs]
                 own = mean_std([r["tokens"] / r["non_embedding_parameters"] for r in cell
-                                if r["variant"] == variant])[0]
-                table.append(((width, variant, tpp), p, f"| {width} | {tpp:g} | {own:.1f} | {cell[0]['tokens']:,} | "
-                                                        f"{base_text} | {variant} |"))
+                                if r["arm"] == arm])[0]
+                table.append(((width, arm, tpp), p, f"| {width} | {tpp:g} | {own:.1f} | {cell[0]['tokens']:,} | "
+                                                        f"{base_text} | {arm} |"))
     tested = holm_verdicts([p for _, p, _ in table])
     lines += ["", "## Δ val loss vs `linear` at each budget (variant - linear, paired by seed: same batches and "
               "shared initial weights)", "",
@@ -188,7 +188,7 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
         deltas[key] = p
         lines.append(f"{prefix} {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {_p(p['p'])} | {_p(p['p_holm'])} | "
                      f"{p['verdict']} |")
-    trends = tpp_trends(budgets, variants)
+    trends = tpp_trends(budgets, arms)
     lines += ["", "## Trend: Δ per doubling of tokens per parameter", "",
               "Per seed, the least-squares slope of that seed's Δ against log2(tokens per parameter) over its finished "
               "budgets (at least 3); the mean over seeds with a 95% t interval. Below 0: the variant gains on linear "
@@ -196,41 +196,41 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
               "| width | variant | budgets (tokens/param) | seeds | Δ per doubling | 95% interval | p | Holm p | "
               "reading |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for ((width, variant), trend), tested_trend in zip(trends.items(), holm_verdicts(list(trends.values()))):
+    for ((width, arm), trend), tested_trend in zip(trends.items(), holm_verdicts(list(trends.values()))):
         reading = {"better": "gains as tokens grow", "worse": "loses as tokens grow",
                    "within noise": "no trend beyond noise"}.get(tested_trend["verdict"], tested_trend["verdict"])
-        lines.append(f"| {width} | {variant} | {trend['span']} | {trend['n']} | {trend['mean']:+.4f} | "
+        lines.append(f"| {width} | {arm} | {trend['span']} | {trend['n']} | {trend['mean']:+.4f} | "
                      f"{interval_text(trend)} | {_p(trend['p'])} | {_p(tested_trend['p_holm'])} | {reading} |")
-    lrs = {(r["width"], r["variant"]): r["lr"] for r in budgets}
+    lrs = {(r["width"], r["arm"]): r["lr"] for r in budgets}
     write_result(study_dir / "result.json", {
         "study": study["name"], "baseline": "linear",
-        "deltas": [{"width": w, "variant": v, "tpp": tpp, **p} for (w, v, tpp), p in deltas.items()],
-        "trends": [{"width": w, "variant": v, **trend, "p_holm": tested["p_holm"], "reading": tested["verdict"]}
+        "deltas": [{"width": w, "arm": v, "tpp": tpp, **p} for (w, v, tpp), p in deltas.items()],
+        "trends": [{"width": w, "arm": v, **trend, "p_holm": tested["p_holm"], "reading": tested["verdict"]}
                    for ((w, v), trend), tested in zip(trends.items(), holm_verdicts(list(trends.values())))],
-        "lrs": [{"width": w, "variant": v, "lr": lr} for (w, v), lr in lrs.items()]})
+        "lrs": [{"width": w, "arm": v, "lr": lr} for (w, v), lr in lrs.items()]})
     lines += ["", "Plot: `scaling_delta.png` (each seed's Δ as a dot; the mean with its 95% interval band, unadjusted, "
               "against tokens per parameter; the legend gives each variant's peak lr and its pairs).", ""]
     plot_scaling_deltas(study_dir / "scaling_delta.png", deltas, lrs, study["name"])
-    write_runs_csv(study_dir / "results.csv", runs, ["name", "stage", "width", "tpp", "variant", "lr", "seed", "tokens",
+    write_runs_csv(study_dir / "results.csv", runs, ["name", "stage", "width", "tpp", "arm", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss"])
     markdown = "\n".join(lines)
     atomic_write(study_dir / "report.md", markdown)
     return markdown
 
 
-def tpp_trends(budgets: list[dict], variants: list[str], min_points: int = 3) -> dict[tuple[str, str], dict]:
+def tpp_trends(budgets: list[dict], arms: list[str], min_points: int = 3) -> dict[tuple[str, str], dict]:
     """(width, variant) -> the paired slope of Δ val loss (variant - linear) per doubling of tokens per
     parameter: one least-squares slope per seed over the budgets where both runs finished, then
     paired_difference of the slopes against 0 (mean, 95% interval, verdict; 'better' = Δ falls with tokens).
     A seed with fewer than min_points budgets is left out; also holds 'span', the budgets used."""
-    loss = {(r["width"], r["variant"], r["seed"], r["tpp"]): r["val_loss"] for r in budgets}
+    loss = {(r["width"], r["arm"], r["seed"], r["tpp"]): r["val_loss"] for r in budgets}
     trends = {}
     for width in dict.fromkeys(r["width"] for r in budgets):
-        for variant in variants[1:]:
+        for arm in arms[1:]:
             slopes, used = [], set()
             for seed in sorted({r["seed"] for r in budgets if r["width"] == width}):
-                points = sorted((tpp, loss[(width, variant, seed, tpp)] - loss[(width, "linear", seed, tpp)])
-                                for (w, v, s, tpp) in loss if (w, v, s) == (width, variant, seed)
+                points = sorted((tpp, loss[(width, arm, seed, tpp)] - loss[(width, "linear", seed, tpp)])
+                                for (w, v, s, tpp) in loss if (w, v, s) == (width, arm, seed)
                                 and (width, "linear", seed, tpp) in loss)
                 if len(points) < min_points:
                     continue
@@ -238,28 +238,28 @@ def tpp_trends(budgets: list[dict], variants: list[str], min_points: int = 3) ->
                 used.update(t for t, _ in points)
             if slopes:
                 span = sorted(used)
-                trends[(width, variant)] = paired_difference(slopes, [0.0] * len(slopes)) | {
+                trends[(width, arm)] = paired_difference(slopes, [0.0] * len(slopes)) | {
                     "span": f"{span[0]:g}-{span[-1]:g}"}
     return trends
 
 
-def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[str]:
+def _sweep_table(sweep: list[dict], arms: list[str], widths: dict) -> list[str]:
     if not sweep:
         return ["No lr-sweep run has finished yet (or the study has no sweep: see its description)."]
     lrs = sorted({r["lr"] for r in sweep})
     rows, best_by_width, best_of = [], {}, {}
     for width in dict.fromkeys(r["width"] for r in sweep):
-        for variant in variants:
-            cells = {r["lr"]: r["val_loss"] for r in sweep if r["width"] == width and r["variant"] == variant}
+        for arm in arms:
+            cells = {r["lr"]: r["val_loss"] for r in sweep if r["width"] == width and r["arm"] == arm}
             if not cells:
                 continue
-            best = best_of[(width, variant)] = lowest(cells)  # one seed: its loss is the mean
+            best = best_of[(width, arm)] = lowest(cells)  # one seed: its loss is the mean
             best_by_width.setdefault(width, set()).add(best)
-            rows.append([width, variant] + [f"{cells[lr]:.4f}" if lr in cells else "" for lr in lrs] + [f"{best:g}"])
+            rows.append([width, arm] + [f"{cells[lr]:.4f}" if lr in cells else "" for lr in lrs] + [f"{best:g}"])
     lines = markdown_table(["width", "variant"] + [f"lr {lr:g}" for lr in lrs] + ["best lr"], rows) + [""]
     for width, best in best_by_width.items():
-        done = {(r["variant"], r["lr"]) for r in sweep if r["width"] == width}
-        expected = len(variants) * len(widths[width]["lrs"]) if width in widths else len(done)
+        done = {(r["arm"], r["lr"]) for r in sweep if r["width"] == width}
+        expected = len(arms) * len(widths[width]["lrs"]) if width in widths else len(done)
         if len(done) < expected:
             lines.append(f"- {width}: sweep incomplete ({len(done)} of {expected} runs); "
                          "no verdict on the best lr yet.")
@@ -269,7 +269,7 @@ def _sweep_table(sweep: list[dict], variants: list[str], widths: dict) -> list[s
                      f"({', '.join(f'{b:g}' for b in sorted(best))}); one seed, so a difference of one grid step can "
                      "be noise.")
         grid = sorted({r["lr"] for r in sweep if r["width"] == width})
-        edge = [v for v in variants if best_of.get((width, v)) in (grid[0], grid[-1])]
+        edge = [v for v in arms if best_of.get((width, v)) in (grid[0], grid[-1])]
         if edge and len(grid) > 2:
             lines.append(f"- {width}: the best lr of {', '.join(edge)} is at the edge of the swept grid "
                          f"({grid[0]:g}-{grid[-1]:g}); its optimum may lie beyond it.")

@@ -24,10 +24,10 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def paired_difference(variant: list[float], baseline: list[float], confidence: float = 0.95) -> dict:
+def paired_difference(arm: list[float], baseline: list[float], confidence: float = 0.95) -> dict:
     """Mean of per-seed differences (variant - baseline) with a two-sided t interval, its p value against 0 and
     a verdict ('better': the interval lies below 0, 'worse': above, else 'within noise')."""
-    d = np.asarray(variant, dtype=float) - np.asarray(baseline, dtype=float)
+    d = np.asarray(arm, dtype=float) - np.asarray(baseline, dtype=float)
     n = len(d)
     mean = float(d.mean())
     if n < 2:
@@ -159,10 +159,10 @@ def power_equivalence(true: float, sd: float, n: int, margin: float, alpha: floa
     return float(integrate.quad(inside, 0.0, x_max, limit=200)[0])
 
 
-def relative_delta(baseline: float, variant: float) -> float:
+def relative_delta(baseline: float, arm: float) -> float:
     """(variant - baseline) / baseline: the sign of Δ = variant - baseline, positive means the variant is higher
     (worse); the one convention of every report (the paper's -1.24% and -2.40% are in it)."""
-    return (variant - baseline) / baseline
+    return (arm - baseline) / baseline
 
 
 def fit_loss_vs_params(params: list[float], losses: list[float]) -> tuple[float, float] | None:

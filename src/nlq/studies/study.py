@@ -1,7 +1,7 @@
-"""Studies: variants x seeds (x peak learning rates), every run of a seed on the identical batch plan.
+"""Studies: arms x seeds (x peak learning rates), every run of a seed on the identical batch plan.
 
-A study is code: a function returning a Study (design.py) built from a base config plus per-variant deltas, its
-design settings as data (Study.settings, written to study.json for its report). Each run lives in its own run
+A study is code: a function returning a Study (design.py) built from a base config plus per-arm deltas, its
+design as data (Study.design, written to study.json for its report). Each run lives in its own run
 directory under STUDY_DIR/runs; starting a study again skips finished runs and resumes unfinished ones from
 their last checkpoint. N processes can share a study (run_study(shard=(k, n))). The named studies are in
 the family modules beside this one; registry.py names them.
@@ -77,7 +77,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     for number, stage in enumerate(study.run_stages(study_dir), start=1):
         frozen.check_overrides(study, stage, overrides)
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
-        recorded += [{"name": r.name, "variant": r.arm.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
+        recorded += [{"name": r.name, "arm": r.arm.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
                      | ({"chain": r.chain} if r.chain != r.name else {}) for r, c in zip(stage, configs)]
         own = frozen.frozen_own_code(study_dir, [c.model for c in configs])  # the user's own projections, by hash
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,

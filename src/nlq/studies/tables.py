@@ -14,13 +14,14 @@ import numpy as np
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.runs.metrics import read_metrics
+from nlq.studies.design import read_study
 from nlq.studies.selection import lowest
 
 
 @dataclass
 class RunResult:
     name: str
-    variant: str
+    arm: str
     seed: int
     lr: float
     params: int
@@ -45,17 +46,6 @@ def read_summary(path: Path) -> dict:
     return summary
 
 
-def read_study(study_dir: Path) -> dict:
-    study_path = study_dir / "study.json"
-    if not study_path.is_file():
-        raise UserError(f"{study_dir} is not a study directory (no study.json); run nlq study NAME --out {study_dir}")
-    study = read_json(study_path, "the study's description; run nlq study again to rewrite it")
-    runs = study.get("runs", [])
-    if not isinstance(runs, list) or not all(isinstance(r, dict) and "name" in r for r in runs):
-        raise UserError(f"{study_path} lists its runs wrongly (not a list of runs with names); run nlq study again")
-    return study
-
-
 def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
     """study.json and each finished run as a RunResult with its val-loss curve (load_summaries, the one reader of
     a study's runs, then the curve from metrics.jsonl)."""
@@ -64,7 +54,7 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
     for run in load_summaries(study_dir, study):
         run_dir = Path(run.get("dir") or study_dir / "runs" / run["name"])
         curve = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
-        results.append(RunResult(run["name"], run["variant"], run["seed"], run["lr"],
+        results.append(RunResult(run["name"], run["arm"], run["seed"], run["lr"],
                                  run.get("non_embedding_parameters") or 0,  # a damaged summary: shown as n/a
                                  run["val_loss"], run.get("val_bpb") or math.nan,
                                  run.get("tokens_per_s") or math.nan, curve, run.get("val_acc")))
@@ -87,25 +77,28 @@ def load_summaries(study_dir: Path, study: dict) -> list[dict]:
 
 
 def best_lr(results: list[RunResult]) -> dict[str, float]:
-    """Each variant's peak lr with the lowest mean val loss (selection.lowest: a tie goes to the lower lr, an lr with
+    """Each arm's peak lr with the lowest mean val loss (selection.lowest: a tie goes to the lower lr, an lr with
     a non-finite loss is out)."""
     by = {}
     for r in results:
-        by.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.val_loss)
+        by.setdefault(r.arm, {}).setdefault(r.lr, []).append(r.val_loss)
     return {v: lowest({lr: float(np.mean(x)) if np.isfinite(x).all() else None for lr, x in lrs.items()})
             for v, lrs in by.items()}
 
 
+# results.csv and the report tables keep the column name the committed studies were written with: a run's arm is
+# "variant" there.
+CSV_COLUMNS = {"arm": "variant"}
+
+
 def write_runs_csv(path: Path, runs: list[dict], keys: list[str]) -> None:
-    """One row per run (a dict of its labels and summary), the given columns."""
+    """One row per run (a dict of its labels and summary), the given columns (named as CSV_COLUMNS says)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(keys)
+    writer.writerow([CSV_COLUMNS.get(k, k) for k in keys])
     for r in runs:
         writer.writerow([r.get(k) for k in keys])
     atomic_write(path, buffer.getvalue())
-
-
 
 
 def markdown_table(header: list[str], rows: list[list]) -> list[str]:

@@ -59,7 +59,7 @@ def step_tokens(config: RunConfig) -> int:
     return config.train.batch_tokens or config.train.batch_size * config.model.block_size
 
 
-def wsd_chain(study: Study, variant: Arm, seed: int, study_dir: Path, *, width: str, shape: dict,
+def wsd_chain(study: Study, arm: Arm, seed: int, study_dir: Path, *, width: str, shape: dict,
               budgets_tpp: list[float], lr: float, min_lr: float, branch: dict | None = None,
               lr_in_name: bool = False) -> list[list[Run]]:
     """The runs of one (variant, seed), level by level: a level is the stable segment up to a budget's cooldown
@@ -72,7 +72,7 @@ def wsd_chain(study: Study, variant: Arm, seed: int, study_dir: Path, *, width: 
                         f"must end at a later step than the one before: set the budgets further apart")
     longest = max(steps)
     at = {"min_lr": min_lr, "lr_in_name": lr_in_name}  # every run of the chain: this lr and min lr
-    stable = Run(study, variant, seed, lr, tag=width, suffix="-stable", **at)  # for its name
+    stable = Run(study, arm, seed, lr, tag=width, suffix="-stable", **at)  # for its name
     stable_dir = (study_dir / "runs" / stable.name).resolve()
     common = {"model": dict(shape)}
     levels = []
@@ -80,14 +80,14 @@ def wsd_chain(study: Study, variant: Arm, seed: int, study_dir: Path, *, width: 
         level = []
         start = cooldown_start(update(study.base, {"train": {"max_steps": budget}}).train)
         if start > 0:
-            level.append(Run(study, variant, seed, lr, merge_changes(common, {"train": {
+            level.append(Run(study, arm, seed, lr, merge_changes(common, {"train": {
                 "max_steps": start, "decay_steps": longest, "eval_every": max(1, longest // 8),
                 "checkpoint_every": 1000, "keep_checkpoints": 2}}), tag=width, suffix="-stable",
                 labels={"stage": "stable", "width": width}, chain_name=stable.name, **at))
         changes = {"max_steps": budget, "eval_every": budget}
         if start > 0:
             changes["resume_from"] = str(stable_dir / "checkpoints" / f"step_{start:07d}.pt")
-        level.append(Run(study, variant, seed, lr, merge_changes(common, {"train": changes}, branch or {}),
+        level.append(Run(study, arm, seed, lr, merge_changes(common, {"train": changes}, branch or {}),
                          tag=f"{width}-tpp{tpp:g}", labels={"stage": "budget", "width": width, "tpp": tpp,
                                                             "steps": budget},
                          chain_name=stable.name, **at))
