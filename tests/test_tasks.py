@@ -131,7 +131,8 @@ def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
 
 
 def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
-    from nlq.studies.probes import format_pooled_rows, pooled_solve_rows
+    from nlq.studies.probes import pooled_cells, pooled_solve_rows
+    from nlq.studies.tables import markdown_table
 
     def run(variant, seed, width, steps):
         return {"task": "mqar-2", "width": width, "seed": seed, "arm": variant, "steps_to_solve": steps}
@@ -139,7 +140,9 @@ def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
     runs = [run("linear", s, w, 900 if (s, w) == (1, 32) else None) for s in (1, 2, 3) for w in (32, 64)]
     runs += [run("identity", s, w, 100 * s) for s in (1, 2, 3) for w in (32, 64)]  # solves all 6
     runs += [run("nonlinear", s, w, None) for s in (1, 2, 3) for w in (32, 64)]  # solves none
-    rows = format_pooled_rows(pooled_solve_rows("mqar-2", runs, ["linear", "identity", "nonlinear"]))
+    pooled = pooled_solve_rows("mqar-2", runs, ["linear", "identity", "nonlinear"])
+    assert [(r["wins"], r["losses"]) for r in pooled] == [(None, None), (5, 0), (0, 1)]
+    rows = markdown_table(["h"] * 8, pooled_cells(pooled))[2:]
     assert rows[0] == "| mqar-2 | linear | 1/6 | | | | | 900 |"
     # 5 discordant wins: p = 2 / 2^5; Holm over the two tests: 2 x 0.0625
     assert rows[1] == "| mqar-2 | identity | 6/6 | 5 | 0 | 0.0625 | 0.125 | 200 |"

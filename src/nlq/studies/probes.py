@@ -19,7 +19,7 @@ from nlq.runs.metrics import read_metrics
 from nlq.studies.design import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
 from nlq.studies.plots import plot_probe_accuracy, plot_probe_curves
 from nlq.studies.stats import holm, holm_verdicts, mean_std, median, paired_difference
-from nlq.studies.tables import load_summaries, write_result, write_runs_csv
+from nlq.studies.tables import load_summaries, markdown_table, write_result, write_runs_csv
 
 VARIANTS = [LINEAR, NONLINEAR, IDENTITY, MLP_4_75]
 # name -> task, keys/values per vocabulary, pairs to hold, example length, widths. Sized on 2 CPU cores
@@ -95,10 +95,7 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
              f"Held-out accuracy on the answer positions at the end of training (mean ± std over seeds); the step at "
              f"which each seed's held-out accuracy first reached {threshold:.0%} (`-`: never, within the run); and "
              "the paired difference of each variant to `linear` (same seed: same examples, shared initial weights) "
-             "with its 95% interval, in final accuracy and in final loss.", "",
-             f"| task | width | variant | seeds | accuracy | solved | step reaching {threshold:.0%} (per seed) | "
-             "Δ accuracy vs linear | 95% interval | Δ loss vs linear | p (loss) | Holm p | verdict (loss, Holm) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "with its 95% interval, in final accuracy and in final loss.", ""]
     cells, rows, keys = {}, [], []
     for task in dict.fromkeys(r["task"] for r in runs):
         for width in sorted({r["width"] for r in runs if r["task"] == task}):
@@ -113,13 +110,17 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
                                  "accuracy": cells[(task, width, arm)],
                                  "steps_to_solve": [r["steps_to_solve"] for r in mine]})
     tests = holm_verdicts([loss for _, loss in rows if loss is not None])
-    for (text, loss), key in zip(rows, keys):
+    table = []
+    for (row, loss), key in zip(rows, keys):
         if loss is None:
-            lines.append(text + " | | | | | | |")
+            table.append(row + [None] * (13 - len(row)))
             continue
         loss = tests.pop(0)
         key["loss_vs_linear"] = loss
-        lines.append(text + f" {loss['mean']:+.4f} | {loss['p']:.3g} | {loss['p_holm']:.3g} | {loss['verdict']} |")
+        table.append(row + [f"{loss['mean']:+.4f}", f"{loss['p']:.3g}", f"{loss['p_holm']:.3g}", loss["verdict"]])
+    lines += markdown_table(["task", "width", "variant", "seeds", "accuracy", "solved",
+                             f"step reaching {threshold:.0%} (per seed)", "Δ accuracy vs linear", "95% interval",
+                             "Δ loss vs linear", "p (loss)", "Holm p", "verdict (loss, Holm)"], table)
     lines[4] += (f" Loss verdicts are Holm-adjusted over the {sum(loss is not None for _, loss in rows)} cells with "
                  "pairs (one family); the intervals are unadjusted.")
     lines += ["", "## Solved or not, pooled over widths (paired by task, width and seed)", "",
@@ -127,12 +128,11 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
               "plateau), so a 3-seed t interval per cell says little. Pooled over a task's widths (and over all "
               "tasks), each variant's runs are paired with `linear`'s of the same task, width and seed: how often one "
               f"solved it (held-out accuracy >= {threshold:.0%} at some evaluation) and the other did not, with an "
-              "exact two-sided sign test on those discordant pairs.", "",
-              "| tasks | variant | runs solved | solved, linear not | linear solved, variant not | sign test p "
-              "| Holm p | median step reaching it (solved runs) |", "|---|---|---|---|---|---|---|---|"]
+              "exact two-sided sign test on those discordant pairs.", ""]
     pooled = [row for scope in [*dict.fromkeys(r["task"] for r in runs), "all"]
               for row in pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], arms)]
-    lines += format_pooled_rows(pooled)
+    lines += markdown_table(["tasks", "variant", "runs solved", "solved, linear not", "linear solved, variant not",
+                             "sign test p", "Holm p", "median step reaching it (solved runs)"], pooled_cells(pooled))
     write_result(study_dir / "result.json", {"study": study["name"], "threshold": threshold, "cells": keys,
                                              "pooled": pooled})
     tests = sum(r['p'] is not None for r in pooled)
@@ -151,20 +151,21 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
     return markdown
 
 
-def _probe_row(task: str, width: int, arm: str, mine: list[dict], base: dict) -> str:
+def _probe_row(task: str, width: int, arm: str, mine: list[dict], base: dict) -> tuple[list, dict | None]:
+    """A cell's table row up to its accuracy difference, and its paired loss difference (None for linear)."""
     mean, sd = mean_std([r["val_acc"] for r in mine])
     spread = f" ± {sd:.3f}" if len(mine) > 1 else ""
     solved = [r["steps_to_solve"] for r in mine]
     steps = ", ".join("-" if s is None else f"{s:,}" for s in solved)
-    row = (f"| {task} | {width} | {arm} | {len(mine)} | {mean:.3f}{spread} | "
-           f"{sum(s is not None for s in solved)}/{len(solved)} | {steps}")
+    row = [task, width, arm, len(mine), f"{mean:.3f}{spread}", f"{sum(s is not None for s in solved)}/{len(solved)}",
+           steps]
     pairs = [(r, base[r["seed"]]) for r in mine if r["seed"] in base]
     if arm == "linear" or not pairs:
         return row, None
     acc = paired_difference([a["val_acc"] for a, _ in pairs], [b["val_acc"] for _, b in pairs])
     loss = paired_difference([a["val_loss"] for a, _ in pairs], [b["val_loss"] for _, b in pairs])
     interval = f"[{acc['low']:+.3f}, {acc['high']:+.3f}]" if not math.isnan(acc["low"]) else "n/a"
-    return row + f" | {acc['mean']:+.3f} | {interval} |", loss
+    return row + [f"{acc['mean']:+.3f}", interval], loss
 
 
 def pooled_solve_rows(scope: str, runs: list[dict], arms: list[str]) -> list[dict]:
@@ -188,17 +189,10 @@ def pooled_solve_rows(scope: str, runs: list[dict], arms: list[str]) -> list[dic
     return rows
 
 
-def format_pooled_rows(rows: list[dict]) -> list[str]:
-    """The pooled table's lines, each sign test with its Holm-adjusted p over all the rows' tests."""
+def pooled_cells(rows: list[dict]) -> list[list]:
+    """The pooled table's rows, each sign test with its Holm-adjusted p over all the rows' tests."""
     tested = [r for r in rows if r["p"] is not None]
     adjusted = dict(zip(map(id, tested), holm([r["p"] for r in tested])))
-    lines = []
-    for r in rows:
-        median_text = "-" if r["median"] is None else f"{r['median']:,.0f}"
-        head = f"| {r['scope']} | {r['arm']} | {r['solved']}/{r['runs']} |"
-        if r["p"] is None:
-            lines.append(head + f" | | | | {median_text} |")
-        else:
-            lines.append(head + f" {r['wins']} | {r['losses']} | {r['p']:.3g} | {adjusted[id(r)]:.3g} | "
-                                f"{median_text} |")
-    return lines
+    return [[r["scope"], r["arm"], f"{r['solved']}/{r['runs']}"]
+            + ([None] * 4 if r["p"] is None else [r["wins"], r["losses"], f"{r['p']:.3g}", f"{adjusted[id(r)]:.3g}"])
+            + ["-" if r["median"] is None else f"{r['median']:,.0f}"] for r in rows]

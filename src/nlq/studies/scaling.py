@@ -154,7 +154,7 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
              f"Corpus: `{(study.get('data_meta') or {}).get('source')}`, content hash "
              f"`{str((study.get('data_meta') or {}).get('source_hash'))[:16]}`.", "", "## Learning-rate sweep", ""]
     lines += _sweep_table(sweep, arms, (study.get("design") or {}).get("widths") or {})
-    table, deltas = [], {}
+    table = []
     for width in dict.fromkeys(r["width"] for r in budgets):
         for tpp in sorted({r["tpp"] for r in budgets if r["width"] == width}):
             cell = [r for r in budgets if r["width"] == width and r["tpp"] == tpp]
@@ -172,41 +172,39 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
                 p["deltas"] = [a - b for a, b in pairs]
                 own = mean_std([r["tokens"] / r["non_embedding_parameters"] for r in cell
                                 if r["arm"] == arm])[0]
-                table.append(((width, arm, tpp), p, f"| {width} | {tpp:g} | {own:.1f} | {cell[0]['tokens']:,} | "
-                                                        f"{base_text} | {arm} |"))
+                table.append(((width, arm, tpp), p, [width, f"{tpp:g}", f"{own:.1f}", f"{cell[0]['tokens']:,}",
+                                                     base_text, arm]))
     tested = holm_verdicts([p for _, p, _ in table])
     lines += ["", "## Δ val loss vs `linear` at each budget (variant - linear, paired by seed: same batches and "
               "shared initial weights)", "",
               "Tokens/param: per non-embedding parameter of linear (the budget), and of the variant. Verdicts are "
               f"Holm-adjusted over the {len(table)} intervals of this table (one family); the interval is "
-              "unadjusted.", "",
-              "| width | tokens/param | variant's tokens/param | tokens | linear val loss (mean ± std) | variant | "
-              "pairs | "
-              "mean Δ | 95% interval | p | Holm p | verdict (Holm) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (key, _, prefix), p in zip(table, tested):
-        deltas[key] = p
-        lines.append(f"{prefix} {p['n']} | {p['mean']:+.4f} | {interval_text(p)} | {_p(p['p'])} | {_p(p['p_holm'])} | "
-                     f"{p['verdict']} |")
+              "unadjusted.", ""]
+    deltas = {key: p for (key, _, _), p in zip(table, tested)}
+    lines += markdown_table(
+        ["width", "tokens/param", "variant's tokens/param", "tokens", "linear val loss (mean ± std)", "variant",
+         "pairs", "mean Δ", "95% interval", "p", "Holm p", "verdict (Holm)"],
+        [cells + [p["n"], f"{p['mean']:+.4f}", interval_text(p), _p(p["p"]), _p(p["p_holm"]), p["verdict"]]
+         for (_, _, cells), p in zip(table, tested)])
     trends = tpp_trends(budgets, arms)
+    tested_trends = holm_verdicts(list(trends.values()))
     lines += ["", "## Trend: Δ per doubling of tokens per parameter", "",
               "Per seed, the least-squares slope of that seed's Δ against log2(tokens per parameter) over its finished "
               "budgets (at least 3); the mean over seeds with a 95% t interval. Below 0: the variant gains on linear "
-              f"as tokens grow. Readings are Holm-adjusted over the {len(trends)} rows of this table.", "",
-              "| width | variant | budgets (tokens/param) | seeds | Δ per doubling | 95% interval | p | Holm p | "
-              "reading |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for ((width, arm), trend), tested_trend in zip(trends.items(), holm_verdicts(list(trends.values()))):
-        reading = {"better": "gains as tokens grow", "worse": "loses as tokens grow",
-                   "within noise": "no trend beyond noise"}.get(tested_trend["verdict"], tested_trend["verdict"])
-        lines.append(f"| {width} | {arm} | {trend['span']} | {trend['n']} | {trend['mean']:+.4f} | "
-                     f"{interval_text(trend)} | {_p(trend['p'])} | {_p(tested_trend['p_holm'])} | {reading} |")
+              f"as tokens grow. Readings are Holm-adjusted over the {len(trends)} rows of this table.", ""]
+    words = {"better": "gains as tokens grow", "worse": "loses as tokens grow", "within noise": "no trend beyond noise"}
+    lines += markdown_table(
+        ["width", "variant", "budgets (tokens/param)", "seeds", "Δ per doubling", "95% interval", "p", "Holm p",
+         "reading"],
+        [[width, arm, trend["span"], trend["n"], f"{trend['mean']:+.4f}", interval_text(trend), _p(trend["p"]),
+          _p(tested["p_holm"]), words.get(tested["verdict"], tested["verdict"])]
+         for ((width, arm), trend), tested in zip(trends.items(), tested_trends)])
     lrs = {(r["width"], r["arm"]): r["lr"] for r in budgets}
     write_result(study_dir / "result.json", {
         "study": study["name"], "baseline": "linear",
         "deltas": [{"width": w, "arm": v, "tpp": tpp, **p} for (w, v, tpp), p in deltas.items()],
         "trends": [{"width": w, "arm": v, **trend, "p_holm": tested["p_holm"], "reading": tested["verdict"]}
-                   for ((w, v), trend), tested in zip(trends.items(), holm_verdicts(list(trends.values())))],
+                   for ((w, v), trend), tested in zip(trends.items(), tested_trends)],
         "lrs": [{"width": w, "arm": v, "lr": lr} for (w, v), lr in lrs.items()]})
     lines += ["", "Plot: `scaling_delta.png` (each seed's Δ as a dot; the mean with its 95% interval band, unadjusted, "
               "against tokens per parameter; the legend gives each variant's peak lr and its pairs).", ""]

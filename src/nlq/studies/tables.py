@@ -102,9 +102,12 @@ def write_runs_csv(path: Path, runs: list[dict], keys: list[str]) -> None:
 
 
 def markdown_table(header: list[str], rows: list[list]) -> list[str]:
-    """A Markdown table as report lines: the header, its rule, a line per row (cells as given, as text)."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    """A Markdown table as report lines: the header, its rule, a line per row (cells as given, as text; None is a
+    cell left blank, "| |", as the probes tables were written)."""
+    def line(cells: list) -> str:
+        return "|" + "".join(" |" if cell is None else f" {cell} |" for cell in cells)
+
+    return [line(header), "|" + "---|" * len(header)] + [line(row) for row in rows]
 
 
 def interval_text(p: dict, digits: int = 4) -> str:
