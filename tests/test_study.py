@@ -1,5 +1,6 @@
 import json
 import math
+import shutil
 import subprocess
 import sys
 import threading
@@ -9,6 +10,7 @@ import pytest
 
 from helpers import TASK, fake_training, one_line_error, task_study, tiny_run_config, two_variant_study
 from nlq.studies.design import Arm
+from nlq.studies.dry_run import dry_run_text
 from nlq.studies.registry import build_report, get_study
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_delta
 from nlq.studies.study import run_study
@@ -183,8 +185,16 @@ def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path):
     overrides = ["--model.vocab_size=257", "--model.block_size=32", "--data.eval_windows=4", "--train.warmup_steps=2",
                  "--train.batch_size=4"]
     study = scaling.scaling(widths, seeds=[1, 2])
+    before = dry_run_text(study, tmp_path, overrides, data_dir=str(byte_data)).splitlines()
     run_study(study, tmp_path, overrides, data_dir=str(byte_data), log=lambda *_: None)
     described = json.loads((tmp_path / "study.json").read_text())
+    # the dry run's whole-study tokens are what the sweep and then every chain trained: the sweep as listed before
+    # anything ran, the chains as listed once the sweep alone is there
+    swept = shutil.copytree(tmp_path, tmp_path.parent / "swept", ignore=lambda d, names: [
+        n for n in names if d.endswith("runs") and not n.startswith("sweep-")])
+    after_sweep = dry_run_text(study, swept, overrides, data_dir=str(byte_data)).splitlines()[-1]
+    tokens = [int(line.split(" runs, ")[1].split(" tokens")[0].replace(",", "")) for line in (before[-2], after_sweep)]
+    assert before[-1] == f"the whole study, every stage: {sum(tokens):,} tokens to train"
     stages = [r["stage"] for r in described["runs"]]
     assert stages.count("lr-sweep") == 2 * 3 and stages.count("budget") == 2 * 3 * 2
     budget_runs = [r for r in described["runs"] if r["stage"] == "budget"]

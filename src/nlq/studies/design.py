@@ -83,6 +83,9 @@ class Study:
     report: str = "comparison"  # which report nlq report writes (registry.REPORTS)
     design: dict = field(default_factory=dict)  # what its plan fixes (shape, lrs, seeds, the rule), to study.json
     plan: dict | None = None  # the plan file it was read from (studies/plan.py), frozen by its hash in study.json
+    # every stage at once, what a stage learns from the one before (the lr a sweep picks) stood in for: a dry run
+    # counts the whole study's tokens with it (they do not depend on what is learnt). None: the stages alone.
+    planned_stages: Callable[[Path], Iterator[list[Run]]] | None = None
 
     def runs(self) -> list[Run]:
         """Seed-major order, so an interrupted study has complete seeds to compare."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.studies import frozen
-from nlq.studies.design import Study
+from nlq.studies.design import Run, Study
 from nlq.studies.sharding import shard_indices
 from nlq.studies.study import steps_to_train
 from nlq.studies.wsd import step_tokens
@@ -39,17 +39,28 @@ def dry_run_text(study: Study, study_dir: str | Path, overrides: list[str] | Non
         frozen.frozen_own_code(study_dir, [r.config(overrides, data).model for r in stage])  # unchanged since it ran
         mine = shard_indices(stage, *shard) if shard else range(len(stage))
         lines.append(f"stage {number}: {len(mine)} of {len(stage)} runs")
-        planned: dict[str, int] = {}  # run name -> the step an earlier segment of it will have reached
-        for i in mine:
-            config = stage[i].config(overrides, data)
-            steps = steps_to_train(study_dir / "runs" / stage[i].name, config)
-            steps = max(0, min(steps, config.train.max_steps - planned.get(stage[i].name, 0)))
-            planned[stage[i].name] = config.train.max_steps
-            tokens = steps * step_tokens(config)
+        for run, config, tokens in tokens_to_train([stage[i] for i in mine], study_dir, overrides, data):
             total_runs, total_tokens = total_runs + 1, total_tokens + tokens
-            lines.append(f"  {stage[i].name}: device {config.train.device}, {config.train.max_steps:,} steps at lr "
+            lines.append(f"  {run.name}: device {config.train.device}, {config.train.max_steps:,} steps at lr "
                          f"{config.train.lr:g}, {tokens:,} tokens to train")
     pending = lines[-1].endswith("which are not there yet")
     lines.append(f"in all: {total_runs} runs, {total_tokens:,} tokens to train"
                  + (" in the stages listed (a plan's dry run bounds the whole plan below)" if pending else ""))
+    if pending and study.planned_stages is not None:
+        whole = sum(tokens for stage in study.planned_stages(study_dir)
+                    for _, _, tokens in tokens_to_train(stage, study_dir, overrides, data))
+        lines.append(f"the whole study, every stage: {whole:,} tokens to train")
     return "\n".join(lines)
+
+
+def tokens_to_train(runs: list[Run], study_dir: Path, overrides: list[str], data: Path) -> list[tuple]:
+    """(run, its config, the tokens it still has to train) for each run of a stage, in order: a stable run listed
+    once per segment counts each segment's steps once."""
+    out, planned = [], {}  # run name -> the step an earlier segment of it will have reached
+    for run in runs:
+        config = run.config(overrides, data)
+        steps = steps_to_train(study_dir / "runs" / run.name, config)
+        steps = max(0, min(steps, config.train.max_steps - planned.get(run.name, 0)))
+        planned[run.name] = config.train.max_steps
+        out.append((run, config, steps * step_tokens(config)))
+    return out

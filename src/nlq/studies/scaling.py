@@ -29,7 +29,7 @@ from nlq.studies.plots import plot_scaling_deltas
 from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.tables import interval_text, load_summaries, markdown_table, write_result, write_runs_csv
-from nlq.studies.wsd import budget_steps, chain_tokens, step_tokens, wsd_chain
+from nlq.studies.wsd import budget_steps, wsd_chain
 
 VARIANTS = [LINEAR, NONLINEAR, MLP_4_75]
 # width -> model shape, budgets in tokens per non-embedding parameter, lrs to sweep, the sweep's budget
@@ -104,19 +104,14 @@ def scaling(widths: dict | None = None, seeds: list[int] | None = None) -> Study
         budgets = {width: spec["budgets"] for width, spec in widths.items()}
         yield budget_runs(study, study_dir, best_lrs(study_dir, sweep), budgets)
 
-    study.stages = stages
+    def planned(study_dir: Path):  # the chains at the first swept lr: a chain's tokens do not depend on its lr
+        sweep = sweep_runs(study)
+        yield sweep
+        stand_in = {(width, arm.name): spec["lrs"][0] for width, spec in widths.items() for arm in study.arms}
+        yield budget_runs(study, study_dir, stand_in, {width: spec["budgets"] for width, spec in widths.items()})
+
+    study.stages, study.planned_stages = stages, planned
     return study
-
-
-def planned_tokens(widths: dict = WIDTHS, seeds: list[int] = SEEDS, arms: int = len(VARIANTS)) -> int:
-    """Training tokens of the whole study: the sweep, plus per (width, variant, seed) one WSD chain."""
-    config, total = base(), 0
-    for spec in widths.values():
-        steps = budget_steps(config, spec["shape"], spec["sweep_tpp"])
-        sweep = steps * step_tokens(config)
-        total += len(spec["lrs"]) * arms * sweep
-        total += len(seeds) * arms * chain_tokens(config, spec["shape"], spec["budgets"])
-    return total
 
 
 SHARED_LR = 2e-3  # the swept best of linear and linear-mlp4.75 at both widths

@@ -73,7 +73,7 @@ class CorpusInputs:
         self.data: TokenData = load_data(config.data.dir)
         check_vocab(self.data, config.model, config.train.objective)  # before any compute
 
-    def plan(self, global_rows: int, seed: int):
+    def batches(self, global_rows: int, seed: int):
         cfg = self.config
         plan = BatchPlan(self.data.train, cfg.model.block_size, global_rows, seed, cfg.data.batch_mode)
         return _MaskedPlan(plan, self.data.vocab_size, cfg.train.mask_prob) if cfg.train.objective == "mlm" else plan
@@ -119,7 +119,7 @@ class TaskInputs:
                             f"model.vocab_size={config.model.vocab_size}; "
                             f"set --model.vocab_size={self.task.vocab_size}")
 
-    def plan(self, global_rows: int, seed: int):
+    def batches(self, global_rows: int, seed: int):
         return TaskPlan(self.task, global_rows, seed)
 
     def eval_set(self):
@@ -188,7 +188,7 @@ class LabelledInputs:
                             f"--model.input_dims={len(shape) - 1} --model.input_size={size} --model.in_channels="
                             f"{channels} (and --model.causal=false)")
 
-    def plan(self, global_rows: int, seed: int):
+    def batches(self, global_rows: int, seed: int):
         return LabelledPlan(self.arrays["train_x"], self.arrays["train_y"], global_rows, seed)
 
     def eval_set(self):

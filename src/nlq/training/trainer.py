@@ -129,7 +129,7 @@ class Trainer:
             ckpt.restore_rng(self.payload, env.rank, env.world, tcfg.seed, env.device)
         if tcfg.compile:
             self.train_model = torch.compile(self.train_model)
-        self.plan = self.inputs.plan(self.spec.global_rows, tcfg.seed)
+        self.batches = self.inputs.batches(self.spec.global_rows, tcfg.seed)  # each step's batch, from (seed, step)
         self.eval_set = self.inputs.eval_set()
         self.flops_per_token = self.model.flops_per_token()
         self.peak = peak_flops(tcfg, env.device, self.dtype)
@@ -267,7 +267,7 @@ class Trainer:
         return loss, grad_norm
 
     def _batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.plan.batch(step, self.env.rank, self.env.world, micro, self.spec.accum)
+        return self.batches.batch(step, self.env.rank, self.env.world, micro, self.spec.accum)
 
     def _eval_record(self, step: int) -> dict:
         result = evaluate(self.train_model, self.eval_set, self.spec.micro_rows, self.env, self.dtype)
@@ -306,7 +306,7 @@ class Trainer:
         0's first micro-batch of the step the run starts at: 0, or the step of the checkpoint it branches from),
         equal for every member of a pair."""
         first_step = ckpt.step_of(Path(self.config.train.resume_from)) if self.config.train.resume_from else 0
-        x, y = self.plan.batch(first_step, 0, self.env.world, 0, self.spec.accum)
+        x, y = self.batches.batch(first_step, 0, self.env.world, 0, self.spec.accum)
         resumed = self.start_step if self.payload and "branched_from" not in self.payload else None
         record = {"code": code, "started_utc": started_utc, "ended_utc": utc_now(),
                   "resumed_at_step": resumed, "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)}}
