@@ -89,8 +89,8 @@ def chains_to_train(study: str) -> int:
     """A grid plan's chains without edge extensions: every arm it trains (not borrowed) at every grid lr on every
     selection seed, and on every test seed."""
     design = load_plan(SHIPPED / f"{study}.toml").design
-    arms = len(design["primary"]) + len(design.get("secondary") or []) - len(design.get("borrowed") or {})
-    return arms * (len(design["lrs"]) * len(design["selection_seeds"]) + len(design["seeds"]))
+    arms = len(design.primary) + len(design.secondary) - len(design.borrowed or {})
+    return arms * (len(design.lrs) * len(design.selection_seeds) + len(design.seeds))
 
 
 def pace(n: int, study_dir: Path = RESULTS / "verdict-lr", total_chains: int = 124, shards: int = 2) -> None:
@@ -149,8 +149,8 @@ def main() -> None:
     upper = sd * math.sqrt(df / stats.chi2.ppf(0.2, df))
     print(f"{source}: {sd:.4f} on {df} df; upper one-sided 80% bound {upper:.4f}")
     design = load_plan(SHIPPED / f"{args.study}.toml").design
-    margin, alpha, confidence = design["margin"], design["alpha"], design["confidence"]
-    effect = design.get("planning_difference", margin)
+    margin, alpha, confidence = design.margin, design.alpha, design.confidence
+    effect = design.effect
     print(f"true difference {effect} nats for the t test ({confidence:.0%} two-sided); equivalence margin {margin} "
           f"nats (TOST alpha {alpha} per side, true difference 0)")
     print("| paired sd | " + " | ".join(f"{n} pairs: t test / TOST" for n in pairs) + " |")
@@ -159,10 +159,10 @@ def main() -> None:
         cells = [f"{power_paired_t(effect, sd, n, confidence):.0%} / {power_equivalence(0.0, sd, n, margin, alpha):.0%}"
                  for n in pairs]
         print(f"| {sd:g} | " + " | ".join(cells) + " |")
-    if "planning_power" in design:
-        n = pairs_needed(effect, design["planning_sd"], design["planning_power"], confidence)
-        print(f"fewest pairs with >= {design['planning_power']:.0%} power to find {effect} nats at sd "
-              f"{design['planning_sd']}: {n} (registered: {len(design['seeds'])})")
+    if design.planning_power is not None:
+        n = pairs_needed(effect, design.planning_sd, design.planning_power, confidence)
+        print(f"fewest pairs with >= {design.planning_power:.0%} power to find {effect} nats at sd "
+              f"{design.planning_sd}: {n} (registered: {len(design.seeds)})")
 
 
 if __name__ == "__main__":

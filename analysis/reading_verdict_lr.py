@@ -35,7 +35,7 @@ TPP = 300
 
 def on_test_seeds(study_dir: Path) -> list[dict]:
     """verdict-lr's runs on its test seeds (the primary arms at their selected lrs: the only lrs tried there)."""
-    seeds = set(read_study(study_dir)["design"]["seeds"])
+    seeds = set(read_study(study_dir)["design"].seeds)
     return [r for r in runs_of(study_dir) if r["seed"] in seeds]
 
 
@@ -90,23 +90,23 @@ def robustness(study_dir: Path, runs: list[dict]) -> list[str]:
 
 def two_by_two(study_dir: Path, runs: list[dict]) -> list[str]:
     s = read_study(study_dir)["design"]
-    arms = s["primary"] + s["secondary"]
+    arms = s.primary + s.secondary
     where = {"stage": "budget", "tpp": TPP}
     loss = {arm: by_seed(runs, "full_val_loss", arm=arm, **where) for arm in arms}
-    seeds = sorted(set(s["seeds"]).intersection(*(loss[arm].keys() for arm in arms)))
-    if len(seeds) < len(s["seeds"]):
-        return [f"{len(seeds)} of {len(s['seeds'])} test seeds have all four arms; read once all have."]
+    seeds = sorted(set(s.seeds).intersection(*(loss[arm].keys() for arm in arms)))
+    if len(seeds) < len(s.seeds):
+        return [f"{len(seeds)} of {len(s.seeds)} test seeds have all four arms; read once all have."]
     lines = [row("arm (whole val split, 300 tokens/param)", "seeds", "mean [95%]"), row(*["---"] * 3)]
     for arm in arms:
         p = paired_difference([loss[arm][seed] for seed in seeds], [0.0] * len(seeds))
         lines.append(row(arm, p["n"], f"{p['mean']:.4f} [{p['low']:.4f}, {p['high']:.4f}]"))
-    primary = {seed: loss[s["primary"][1]][seed] - loss[s["primary"][0]][seed] for seed in seeds}
+    primary = {seed: loss[s.primary[1]][seed] - loss[s.primary[0]][seed] for seed in seeds}
     worst = max(primary, key=lambda seed: abs(primary[seed]))
     lines += ["", row("declared comparison", "first arm worse on", "median Δ (Wilcoxon p)",
                       f"mean Δ [95%] without seed {worst}"), row(*["---"] * 4)]
-    for member in s.get("secondary_family") or []:
+    for member in s.secondary_family or []:
         if member == "interaction":
-            (nq, lq), (n, ln) = s["secondary"][::-1], s["primary"][::-1]
+            (nq, lq), (n, ln) = s.secondary[::-1], s.primary[::-1]
             delta = {seed: (loss[nq][seed] - loss[lq][seed]) - (loss[n][seed] - loss[ln][seed]) for seed in seeds}
             label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
         else:

@@ -46,13 +46,13 @@ def demote(markdown: str, levels: int = 2) -> str:
 
 def scope(study: dict) -> str:
     """The setting a decision holds in, from study.json: shape, head size, corpus, tokens per parameter."""
-    design, meta = study.get("design") or {}, study.get("data_meta") or {}
-    shape = design.get("shape") or {"n_layer": "?", "n_embd": 0, "n_head": 1}
+    design, meta = study["design"], study.get("data_meta") or {}
+    shape = design.shape
     corpus = "Python source (pypkg)" if str(meta.get("source", "")).startswith("pypkg") else meta.get("source")
     data = (f"{corpus}, {meta.get('classes')} classes, an encoder classifier" if meta.get("content_hash")
             else f"{corpus}, {meta.get('tokenizer')}")  # labelled examples have no tokenizer
     return (f"{shape['n_layer']} layers, d {shape['n_embd']}, head dim {shape['n_embd'] // shape['n_head']}, {data}, "
-            f"{design.get('primary_tpp', '?')} tokens per parameter")
+            f"{design.primary_tpp} tokens per parameter")
 
 
 TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each arm at its own lr",
@@ -95,7 +95,7 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
         return (f"Status ({when}): running on {where}, {finished[primary]} of {registered} pairs finished "
                 f"(`{results}`); no outcome is shown before all {registered} have.")
     text = (f"**Verdict ({when}, `nlq study verdict` as pre-registered, {registered} pairs, {where}; {scope(study)}; "
-            f"both at one peak lr, {study['design']['lr']:g}): {outcome['decision']['words']}.** "
+            f"both at one peak lr, {study['design'].lr:g}): {outcome['decision']['words']}.** "
             f"{decision_text(outcome, reference_of(study).get('paper_claim'))}{one_pair_text(outcome)} "
             f"`nlq report {results}` regenerates it.")
     pending = [f"{arm} {finished[arm]} of {registered}" for arm in secondary if finished[arm] < registered]
@@ -107,13 +107,13 @@ def status_text(outcome: dict, study: dict, when: str, where: str, results: str)
 def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str) -> str:
     s, name = study["design"], study["name"]
     registered = "as pre-registered and amended" if name == "verdict-lr" else "as pre-registered"
-    arms = [arm for arm in s["primary"] + (s.get("secondary") or []) if arm not in (s.get("borrowed") or {})]
-    grid_runs = len(arms) * len(s["lrs"]) * len(s["selection_seeds"])
+    arms = [arm for arm in s.primary + s.secondary if arm not in (s.borrowed or {})]
+    grid_runs = len(arms) * len(s.lrs) * len(s.selection_seeds)
     ended = sum(row["ended"] for arm in arms for row in (outcome.get("lr_curve") or {}).get(arm, [])
-                if row["lr"] in s["lrs"])
+                if row["lr"] in s.lrs)
     lrs = ", ".join(f"{arm} {lr:g}" for arm, lr in (outcome.get("selected_lrs") or {}).items() if lr is not None)
     if "decision" not in outcome:
-        test = f"{outcome['finished_pairs'][s['primary'][1]]} of {outcome['registered_pairs']} test pairs"
+        test = f"{outcome['finished_pairs'][s.primary[1]]} of {outcome['registered_pairs']} test pairs"
         done = ended == grid_runs and not any((outcome.get("at_edge") or {}).values())  # no extension to come
         chosen = f" (selected: {lrs})" if lrs and done else ""
         how = "pre-registered, amended before its first run" if name == "verdict-lr" else "pre-registered"
@@ -125,12 +125,12 @@ def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str
             f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
             f"{outcome['decision']['words']}.** {decision_text(outcome, reference_of(study).get('paper_claim'))}"
             f"{one_pair_text(outcome)} `nlq report {results}` regenerates it.")
-    if s.get("secondary") and not outcome.get("secondary_family"):
-        text += (f" The secondary arms ({', '.join(s['secondary'])}) are still running: "
-                 f"{outcome.get('seeds_with_every_arm', 0)} of {len(s['seeds'])} test seeds have every arm's "
+    if s.secondary and not outcome.get("secondary_family"):
+        text += (f" The secondary arms ({', '.join(s.secondary)}) are still running: "
+                 f"{outcome.get('seeds_with_every_arm', 0)} of {len(s.seeds)} test seeds have every arm's "
                  "endpoint; their declared family is computed once all have, and it does not change this decision.")
     elif outcome.get("secondary_family"):
-        text += " " + family_text(outcome["secondary_family"], len(s["seeds"]))
+        text += " " + family_text(outcome["secondary_family"], len(s.seeds))
     return text
 
 

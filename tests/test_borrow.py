@@ -131,6 +131,6 @@ def test_the_gate_plan_borrows_verdict_lrs_qk_norm_arms_as_committed():
     records = borrowed_records(results / "gate-lr", described)
     assert {r["arm"] for r in records} == {"linear-qknorm", "nonlinear-qknorm"}
     assert len(records) == 2 * 2 * (15 + 16)  # stable + branch; 5 lrs x 3 selection seeds, 16 test seeds
-    picked = endpoints(results / "gate-lr", described, study.design["selection_seeds"])
+    picked = endpoints(results / "gate-lr", described, study.design.selection_seeds)
     chosen = selection(picked, study.design, ["linear-qknorm", "nonlinear-qknorm"])
     assert {arm: c["lr"] for arm, c in chosen.items()} == {"linear-qknorm": 0.008, "nonlinear-qknorm": 0.008}

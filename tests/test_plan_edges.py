@@ -175,7 +175,7 @@ def test_study_json_holds_the_design_and_arms_by_their_names_and_older_keys_stil
     is the plan's, and a study.json of the older keys ("settings", "variants", a run's "variant") reads the same
     and reports byte for byte the same."""
     from nlq.studies.design import read_study
-    from nlq.studies.plan import check_design
+    from nlq.studies.plan_design import Design, check_design
     from nlq.studies.registry import build_report
 
     fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0 + config.train.seed / 100,
@@ -185,14 +185,15 @@ def test_study_json_holds_the_design_and_arms_by_their_names_and_older_keys_stil
     written = json.loads((tmp_path / "s" / "study.json").read_text())
     assert {"design", "arms"} <= set(written) and not {"settings", "variants"} & set(written)
     assert all("arm" in r and "variant" not in r for r in written["runs"])
-    assert check_design(written["design"], "study.json") == study.design
+    assert check_design(written["design"], "study.json") == study.design and isinstance(study.design, Design)
+    assert written["design"] == study.design.to_dict() and read_study(tmp_path / "s")["design"] == study.design
     assert [a["name"] for a in written["arms"]] == [a.name for a in study.arms]
     report = build_report(tmp_path / "s")
 
     older = {{"design": "settings", "arms": "variants"}.get(k, k): v for k, v in written.items()}
     older["runs"] = [{("variant" if k == "arm" else k): v for k, v in r.items()} for r in written["runs"]]
     (tmp_path / "s" / "study.json").write_text(json.dumps(older))
-    assert read_study(tmp_path / "s") == written
+    assert read_study(tmp_path / "s") == written | {"design": study.design}
     assert build_report(tmp_path / "s") == report
 
 

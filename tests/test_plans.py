@@ -1,6 +1,7 @@
 """Plan files: the shipped plans build the studies that ran (the committed configs), a plan is frozen once it has
 run, a mistake is one line naming its field, and a user's own tiny plan runs end to end to its decision."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -36,7 +37,7 @@ def test_the_shipped_plans_are_the_named_studies_and_the_checkout_links_them():
     assert (ROOT / "plans" / "verdict.toml").resolve() == (SHIPPED / "verdict.toml").resolve()
     for name in ("verdict", "verdict-lr"):
         by_name, by_path = get_study(name), get_study(str(ROOT / "plans" / f"{name}.toml"))
-        assert by_name.describe() == by_path.describe() and by_name.plan["design"] == by_name.design
+        assert by_name.describe() == by_path.describe() and by_name.plan["design"] == by_name.design.to_dict()
 
 
 def test_plans_verdict_builds_exactly_the_runs_of_the_committed_verdict():
@@ -116,12 +117,12 @@ def test_plans_verdict_lr_builds_the_amended_design():
     s = study.design
     first = next(study.run_stages(Path("/nonexistent")))
     budget = [r for r in first if r.labels["stage"] == "budget"]
-    assert len(budget) == 4 * len(s["lrs"]) * len(s["selection_seeds"]) == 60
+    assert len(budget) == 4 * len(s.lrs) * len(s.selection_seeds) == 60
     configs = [r.config([], Path("/data")) for r in budget]
     assert {c.train.loss_impl for c in configs} == {"chunked"} and {c.data.final_eval for c in configs} == {"full"}
     assert {(c.model.query, c.model.qk_norm) for c in configs} == {("linear", False), ("nonlinear", False),
                                                                      ("linear", True), ("nonlinear", True)}
-    assert len(s["seeds"]) == 16 and not set(s["seeds"]) & set(s["selection_seeds"])
+    assert len(s.seeds) == 16 and not set(s.seeds) & set(s.selection_seeds)
 
 
 def plan_text(tmp_path, byte_data=None, **design_changes) -> Path:
@@ -307,7 +308,8 @@ def test_a_plans_reference_words_its_report_and_is_not_part_of_its_hash(tmp_path
     committed = json.loads((Path(__file__).resolve().parents[1] / "results" / "verdict-lr" / "study.json").read_text())
     assert "reference" not in committed["plan"] and reference_of(committed) == raw["reference"]
     assert no_effect(committed) == "no effect of the paper's size"
-    mine = {"name": "mine", "design": {"margin": 0.05}, "plan": without | {"name": "mine"}}
+    design = dataclasses.replace(load_plan(SHIPPED / "verdict-lr.toml").design, margin=0.05)
+    mine = {"name": "mine", "design": design, "plan": without | {"name": "mine"}}
     assert no_effect(mine) == "no effect beyond ±0.05 nats"
     for bad, needle in (({"words": "x"}, "reference.words is not known"),
                         ({"paper_claim": 1}, "must be a table of text")):

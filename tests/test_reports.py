@@ -13,7 +13,7 @@ from nlq.errors import UserError
 from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.registry import build_report
 
-SETTINGS = load_plan(SHIPPED / "verdict.toml").design  # the shipped one-lr plan
+SETTINGS = load_plan(SHIPPED / "verdict.toml").design.to_dict()  # the shipped one-lr plan, as study.json holds it
 
 
 def write_study(root, study, runs):

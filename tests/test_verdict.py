@@ -16,7 +16,7 @@ def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_ident
 
     calls = fake_training(monkeypatch)
     study = get_study("verdict")
-    settings = study.design
+    settings = study.design.to_dict()
     run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     trained = [(name, config) for _, name, config in calls]
     described = json.loads((tmp_path / "study.json").read_text())

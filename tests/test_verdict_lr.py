@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from helpers import fake_training
+from nlq.studies.design import read_study
 from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.plan_selection import paper_protocol_lr
 from nlq.studies.selection import grid_step
 
 SETTINGS = load_plan(SHIPPED / "verdict-lr.toml").design  # as registered and amended
-GRID = SETTINGS["lrs"]
+GRID = SETTINGS.lrs
 
 
 def means_of(curve: dict) -> dict:
@@ -99,15 +100,15 @@ def test_verdict_lr_selects_with_the_edge_rule_then_tests_the_primary_arms_first
     study_dir, trained = finished_study
     s = SETTINGS
     budget = [(arm, lr, seed) for name, arm, lr, seed in trained if not name.endswith("-stable")]
-    selection = [(arm, lr) for arm, lr, seed in budget if seed in s["selection_seeds"]]
+    selection = [(arm, lr) for arm, lr, seed in budget if seed in s.selection_seeds]
     grid_runs = 4 * len(GRID) * 3
     assert {(arm, lr) for arm, lr in selection[:grid_runs]} == {(a, lr) for a in LANDSCAPE for lr in GRID}
     extensions = sorted({(arm, round(lr, 6)) for arm, lr in selection[grid_runs:]})
     assert extensions == [("linear", 0.00025), ("linear", 0.0005), ("nonlinear-qknorm", 0.032),
                           ("nonlinear-qknorm", 0.064), ("nonlinear-qknorm", 0.128)]  # nonlinear's 0.032 diverged
-    tests = [(arm, lr) for arm, lr, seed in budget if seed in s["seeds"]]
-    assert len(tests) == 4 * len(s["seeds"])
-    assert {arm for arm, _ in tests[:2 * len(s["seeds"])]} == {"linear", "nonlinear"}  # the primary arms first
+    tests = [(arm, lr) for arm, lr, seed in budget if seed in s.seeds]
+    assert len(tests) == 4 * len(s.seeds)
+    assert {arm for arm, _ in tests[:2 * len(s.seeds)]} == {"linear", "nonlinear"}  # the primary arms first
     assert {(arm, round(lr, 6)) for arm, lr in tests} == {("linear", 0.0005), ("nonlinear", 0.016),
                                                          ("linear-qknorm", 0.004), ("nonlinear-qknorm", 0.128)}
     assert (study_dir / "runs" / "d64-nonlinear-lr0.032-s201-stable" / "diverged.json").is_file()
@@ -133,21 +134,21 @@ def test_verdict_lr_report_shows_the_selection_the_test_and_the_qknorm_family(fi
         assert f"| {label} | 16 |" in markdown
     outcome = json.loads((study_dir / "verdict.json").read_text())
     assert outcome["decision"]["interval"]["mean"] == pytest.approx(
-        sum(landscape_loss("nonlinear", 1.6e-2, seed) - landscape_loss("linear", 5e-4, seed) for seed in s["seeds"])
-        / len(s["seeds"]))
+        sum(landscape_loss("nonlinear", 1.6e-2, seed) - landscape_loss("linear", 5e-4, seed) for seed in s.seeds)
+        / len(s.seeds))
     interaction = next(r for r in outcome["secondary_family"] if r["member"] == "interaction")
     assert interaction["mean"] == pytest.approx((2.83 - 2.87) - (2.88 - 2.90) + 0.001 * sum(
-        seed % 3 for seed in s["seeds"]) / len(s["seeds"]))
+        seed % 3 for seed in s.seeds) / len(s.seeds))
     # the lr curve is the summaries: every selection run's endpoint, in its place
     for arm, rows in outcome["lr_curve"].items():
         for row in rows:
-            for seed, value in zip(s["selection_seeds"], row["values"]):
+            for seed, value in zip(s.selection_seeds, row["values"]):
                 summary = study_dir / "runs" / f"d64-tpp300-{arm}-lr{row['lr']:g}-s{seed}" / "summary.json"
                 expected = json.loads(summary.read_text())["full_val_loss"] if summary.is_file() else None
                 assert value == expected
     assert (study_dir / "verdict_lr_curve.png").stat().st_size > 0 and (study_dir / "verdict_lr_test.png").is_file()
     assert build_report(study_dir) == markdown  # regenerates byte for byte
-    status = publish_module().status_text(outcome, json.loads((study_dir / "study.json").read_text()), "now", "here",
+    status = publish_module().status_text(outcome, read_study(study_dir), "now", "here",
                                           "results/verdict-lr")
     assert "still running" not in status and "Holm-adjusted as one family of 4" in status
     for row in outcome["secondary_family"]:  # each comparison named, with its own interval and Holm p
@@ -184,7 +185,7 @@ def test_with_the_primary_pairs_in_the_status_gives_the_decision_and_how_far_the
     assert "| linear-qknorm - linear |" not in markdown
     outcome = json.loads((study_dir / "verdict.json").read_text())
     assert outcome["seeds_with_every_arm"] == 3 and outcome["secondary_family"] == []
-    study = json.loads((study_dir / "study.json").read_text())
+    study = read_study(study_dir)
     status = publish_module().status_text(outcome, study, "now", "here", "results/verdict-lr")
     assert status.startswith("**Each at its own lr (now,") and "nonlinear better" in status
     assert "(linear-qknorm, nonlinear-qknorm) are still running: 3 of 16 test seeds have every arm's endpoint" in status

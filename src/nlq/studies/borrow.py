@@ -24,9 +24,9 @@ SAME_DESIGN = ("width", "shape", "budgets_tpp", "primary_tpp", "endpoint", "lrs"
 ARM_KEYS_OF_NO_CONSEQUENCE = ("name", "note", "borrow")
 
 
-def borrowed_arms(design: dict) -> dict[str, dict]:
-    """arm -> {"study", "commit"} for the arms a plan's design borrows."""
-    return design.get("borrowed") or {}
+def borrowed_arms(design) -> dict[str, dict]:
+    """arm -> {"study", "commit"} for the arms a plan's design (plan_design.Design) borrows."""
+    return design.borrowed or {}
 
 
 def source_dir(study_dir: Path, source: str) -> Path:
@@ -91,9 +91,9 @@ def _check_same_experiment(source: dict, study: dict, arm: str, borrow: dict) ->
         refuse(found)
     design, their_design = study["design"], source["design"]
     for key in SAME_DESIGN:
-        if design.get(key) != their_design.get(key):
+        if getattr(design, key) != their_design.get(key):
             refuse(f"design.{key}")
-    missing = sorted(set(design["seeds"]) - set(their_design["seeds"]))
+    missing = sorted(set(design.seeds) - set(their_design["seeds"]))
     if missing:
         refuse(f"design.seeds (seed {missing[0]} is not one of its test seeds)")
 

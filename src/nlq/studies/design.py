@@ -17,6 +17,7 @@ from nlq.config import RunConfig, update
 from nlq.errors import UserError
 from nlq.fileio import read_json
 from nlq.overrides import apply_overrides
+from nlq.studies.plan_design import Design, check_design
 
 WORDING = "reference"  # a plan's [reference] table: how its report words an outcome, not what the study runs
 
@@ -81,7 +82,8 @@ class Study:
     # stages(study_dir) yields lists of runs, and each list is finished before the next is asked for.
     stages: Callable[[Path], Iterator[list[Run]]] | None = None
     report: str = "comparison"  # which report nlq report writes (registry.REPORTS)
-    design: dict = field(default_factory=dict)  # what its plan fixes (shape, lrs, seeds, the rule), to study.json
+    # what its plan fixes (a plan_design.Design), or a study of code's own settings (a dict): study.json holds it
+    design: Design | dict = field(default_factory=dict)
     plan: dict | None = None  # the plan file it was read from (studies/plan.py), frozen by its hash in study.json
     # every stage at once, what a stage learns from the one before (the lr a sweep picks) stood in for: a dry run
     # counts the whole study's tokens with it (they do not depend on what is learnt). None: the stages alone.
@@ -102,7 +104,8 @@ class Study:
         described = {"name": self.name, "description": self.description, "baseline": self.baseline,
                      "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
                      "arms": [dataclasses.asdict(v) for v in self.arms], "data": dataclasses.asdict(self.data)}
-        described |= {"design": self.design} if self.design else {}
+        design = self.design.to_dict() if hasattr(self.design, "to_dict") else self.design
+        described |= {"design": design} if design else {}
         plan = {"plan": self.plan, "plan_hash": plan_hash(self.plan)} if self.plan is not None else {}
         return described | plan
 
@@ -139,6 +142,8 @@ class Run:
         return apply_overrides(update(config, self.changes), overrides)
 
 
+PLAN_REPORTS = ("plan", "verdict", "verdict-lr")  # a plan study's report (the last two: its name before 2026-12-02)
+
 # study.json's keys before nlq named one thing one way: the design was "settings", the arms "variants" and a run's
 # arm "variant". Committed studies keep them; read_study reads them as today's.
 OLD_STUDY_KEYS = {"settings": "design", "variants": "arms"}
@@ -163,4 +168,6 @@ def read_study(study_dir: Path) -> dict:
     runs = study.get("runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, dict) and "name" in r for r in runs):
         raise UserError(f"{study_path} lists its runs wrongly (not a list of runs with names); run nlq study again")
+    if study.get("report") in PLAN_REPORTS:  # a plan's study: its design typed, checked as a plan file's is
+        study["design"] = check_design(study.get("design"), str(study_path))
     return study

@@ -25,15 +25,11 @@ from nlq.model import Transformer
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
 from nlq.studies.design import Run, Study, read_study
-from nlq.studies.plan import Plan, design_kind
+from nlq.studies.plan import Plan
 from nlq.studies.selection import grid_step, lr_means
 from nlq.studies.sequential import look, operating, spending_bounds
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.wsd import chain_tokens, flops_per_token, non_embedding_parameters, wsd_chain
-
-
-def has_grid(design: dict) -> bool:
-    return design_kind(design) == "lr-grid"
 
 
 def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]]) -> list[Run]:
@@ -45,11 +41,11 @@ def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[
         arms = [v for v in study.arms if lrs.get(v.name) and v.name not in borrowed_arms(s)]
         arms = arms if i % 2 == 0 else arms[::-1]
         for lr in sorted({lr for v in arms for lr in lrs[v.name]}):
-            min_lr = lr * s["min_lr_ratio"] if has_grid(s) else s["min_lr"]
+            min_lr = lr * s.min_lr_ratio if s.kind == "lr-grid" else s.min_lr
             for arm in (v for v in arms if lr in lrs[v.name]):
-                levels = wsd_chain(study, arm, seed, study_dir, width=s["width"], shape=s["shape"],
-                                   budgets_tpp=s["budgets_tpp"], lr=lr, min_lr=min_lr,
-                                   branch={"data": {"final_eval": "full"}}, lr_in_name=has_grid(s))
+                levels = wsd_chain(study, arm, seed, study_dir, width=s.width, shape=s.shape,
+                                   budgets_tpp=s.budgets_tpp, lr=lr, min_lr=min_lr,
+                                   branch={"data": {"final_eval": "full"}}, lr_in_name=s.kind == "lr-grid")
                 runs += [run for level in levels for run in level]
     return runs
 
@@ -69,7 +65,7 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
     s = study["design"]
     out = {}
     for r in run_records(study_dir, study):
-        if r.get("stage") != "budget" or r.get("tpp") != s["primary_tpp"] or r["seed"] not in seeds:
+        if r.get("stage") != "budget" or r.get("tpp") != s.primary_tpp or r["seed"] not in seeds:
             continue
         run_dir = run_dir_of(study_dir, r)
         if (run_dir / DIVERGED).is_file():
@@ -77,8 +73,8 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
         elif (run_dir / "summary.json").is_file():
             summary = read_json(run_dir / "summary.json", "a run summary")
             check_commit(summary, r)
-            if s["endpoint"] in summary:  # a summary without it has not ended as a plan's run ends
-                out[(r["arm"], r["lr"], r["seed"])] = summary[s["endpoint"]]
+            if s.endpoint in summary:  # a summary without it has not ended as a plan's run ends
+                out[(r["arm"], r["lr"], r["seed"])] = summary[s.endpoint]
     return out
 
 
@@ -88,15 +84,15 @@ def selected_lrs(study: Study, study_dir: Path):
     s, arms = study.design, [v.name for v in study.arms]
 
     def means() -> dict[str, dict]:
-        ended = endpoints(study_dir, read_study(study_dir), s["selection_seeds"])
-        return {arm: lr_means(ended, arm, s["selection_seeds"]) for arm in arms}
+        ended = endpoints(study_dir, read_study(study_dir), s.selection_seeds)
+        return {arm: lr_means(ended, arm, s.selection_seeds) for arm in arms}
 
-    yield chains(study, study_dir, s["selection_seeds"], {arm: s["lrs"] for arm in arms})
+    yield chains(study, study_dir, s.selection_seeds, {arm: s.lrs for arm in arms})
     asked = set()
     while True:  # the edge rule: one more lr per arm at an edge, stage by stage, until no arm asks for one
         now = means()
         more = {arm: [step] for arm in arms if (step := grid_step(now[arm], s)["next"]) is not None}
-        unended = [arm for arm in arms if any(lr not in now[arm] for lr in s["lrs"])]
+        unended = [arm for arm in arms if any(lr not in now[arm] for lr in s.lrs)]
         lent = [arm for arm in unended + list(more) if arm in borrowed_arms(s)]
         if lent:
             raise UserError(f"arm {lent[0]} is borrowed from study {borrowed_arms(s)[lent[0]]['study']}, whose "
@@ -107,10 +103,10 @@ def selected_lrs(study: Study, study_dir: Path):
         if not more:
             break
         asked |= {(arm, lr[0]) for arm, lr in more.items()}
-        yield chains(study, study_dir, s["selection_seeds"], more)
+        yield chains(study, study_dir, s.selection_seeds, more)
     chosen = {arm: grid_step(now[arm], s)["lr"] for arm in arms}
-    if any(chosen[arm] is None for arm in s["primary"]):
-        out = [arm for arm in s["primary"] if chosen[arm] is None]
+    if any(chosen[arm] is None for arm in s.primary):
+        out = [arm for arm in s.primary if chosen[arm] is None]
         raise UserError(f"every lr of {', '.join(out)} diverged in the selection; the test cannot run (the "
                         "pre-registration says so); nlq report shows the selection")
     return chosen
@@ -121,11 +117,11 @@ def sequential_test(study: Study, study_dir: Path, lrs: dict[str, list[float]]):
     ended, the statistic (sequential.look) on its pairs, recorded in study_dir/sequential.json; at a crossed bound
     no further test chain is trained (every shard computes the same from the same endpoints). Its return value (what
     `yield from` gives) is the seeds the test used, on which the secondary arms then train."""
-    s, (baseline, method) = study.design, study.design["primary"]
+    s, (baseline, method) = study.design, study.design.primary
     done = 0
-    for k, n in enumerate(s["looks"]):
-        yield chains(study, study_dir, s["seeds"][done:n], lrs)
-        done, seeds = n, s["seeds"][:n]
+    for k, n in enumerate(s.looks):
+        yield chains(study, study_dir, s.seeds[done:n], lrs)
+        done, seeds = n, s.seeds[:n]
         ended = endpoints(study_dir, read_study(study_dir), seeds)
         values = {(arm, seed): v for (arm, lr, seed), v in ended.items() if lr in lrs.get(arm, [])}
         if any((arm, seed) not in values for arm in (baseline, method) for seed in seeds):
@@ -133,12 +129,12 @@ def sequential_test(study: Study, study_dir: Path, lrs: dict[str, list[float]]):
                             "to finish them")
         deltas = [values[(method, seed)] - values[(baseline, seed)] for seed in seeds
                   if values[(method, seed)] is not None and values[(baseline, seed)] is not None]
-        at = look(deltas, k, s["looks"], 1 - s["confidence"], s.get("spending", "obf"), s["margin"],
-                  s.get("stop_for_equivalence", False))  # two-sided at 1 - confidence, as the fixed test
+        at = look(deltas, k, s.looks, 1 - s.confidence, s.spending, s.margin,
+                  s.stop_for_equivalence)  # two-sided at 1 - confidence, as the fixed test
         record_look(study_dir, at)
         if at["action"] in ("difference", "equivalence"):
             return seeds
-    return s["seeds"]
+    return s.seeds
 
 
 def record_look(study_dir: Path, at: dict) -> None:
@@ -159,16 +155,16 @@ def arms_text(study: Study) -> str:
     """Each arm's exact non-embedding parameter count at the design's shape, against the baseline's (for --dry-run),
     and where an arm is borrowed from."""
     s = study.design
-    counts = {v.name: non_embedding_parameters(update(update(study.base, v.changes), {"model": s["shape"]}))
+    counts = {v.name: non_embedding_parameters(update(update(study.base, v.changes), {"model": s.shape}))
               for v in study.arms}
-    baseline = s["primary"][0]
+    baseline = s.primary[0]
     lines = []
     for arm, count in counts.items():
         extra = count - counts[baseline]
         share = f" ({extra:+,}, {extra / counts[baseline]:+.1%} vs {baseline})" if arm != baseline else " (baseline)"
         borrow = borrowed_arms(s).get(arm)
         lent = f"; borrowed from study {borrow['study']} at commit {borrow['commit'][:12]}" if borrow else ""
-        lines.append(f"arm {arm}: {count:,} non-embedding parameters at {s['width']}{share}{lent}")
+        lines.append(f"arm {arm}: {count:,} non-embedding parameters at {s.width}{share}{lent}")
     return "\n".join(lines)
 
 
@@ -179,17 +175,17 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     measured here: the median tokens/s of the study's own finished runs, once there are some."""
     s = study.design
     arms = [v for v in study.arms if v.name not in borrowed_arms(s)]
-    per_chain = chain_tokens(update(study.base, {"model": s["shape"]}), s["shape"], s["budgets_tpp"])
-    stages = [("test", len(arms) * len(s["seeds"]))]
-    if has_grid(s):
-        selection = len(s["selection_seeds"])
-        stages = [("selection", len(arms) * len(s["lrs"]) * selection),
-                  ("edge extensions at most", len(arms) * 2 * s["max_extensions"] * selection)] + stages
+    per_chain = chain_tokens(update(study.base, {"model": s.shape}), s.shape, s.budgets_tpp)
+    stages = [("test", len(arms) * len(s.seeds))]
+    if s.kind == "lr-grid":
+        selection = len(s.selection_seeds)
+        stages = [("selection", len(arms) * len(s.lrs) * selection),
+                  ("edge extensions at most", len(arms) * 2 * s.max_extensions * selection)] + stages
     chains = sum(n for _, n in stages)
     parts = "; ".join(f"{name} {n} chains ({n * per_chain / 1e9:.2f}G tokens)" for name, n in stages)
     text = (f"whole plan, every stage: {parts}; at most {chains} chains, {chains * per_chain / 1e9:.2f}G tokens "
             f"({per_chain:,} per chain)")
-    if "mfu" in s:
+    if s.mfu is not None:
         text += "\n" + gpu_hours_text(study, per_chain, stages)
     rates = sorted(r for r in _finished_rates(study_dir) if r > 0)
     if not rates:
@@ -207,18 +203,18 @@ def gpu_hours_text(study: Study, per_chain: int, stages: list[tuple[str, int]]) 
     the test used)."""
     s = study.design
     arms = [v for v in study.arms if v.name not in borrowed_arms(s)]
-    flops = sum(flops_per_token(update(update(study.base, v.changes), {"model": s["shape"]})) for v in arms) / len(arms)
-    hours = per_chain * flops / (s["mfu"] * s["gpu_peak_tflops"] * 1e12) / 3600  # one chain
+    flops = sum(flops_per_token(update(update(study.base, v.changes), {"model": s.shape})) for v in arms) / len(arms)
+    hours = per_chain * flops / (s.mfu * s.gpu_peak_tflops * 1e12) / 3600  # one chain
     parts = [f"{name} {n * hours:,.0f}" for name, n in stages]
-    text = (f"cost on paper: {flops:,.0f} training FLOPs per token, {hours:,.1f} GPU-hours a chain on a {s['gpu']} at "
-            f"{s['mfu']:.0%} of {s['gpu_peak_tflops']:g} TFLOP/s; GPU-hours: " + ", ".join(parts)
+    text = (f"cost on paper: {flops:,.0f} training FLOPs per token, {hours:,.1f} GPU-hours a chain on a {s.gpu} at "
+            f"{s.mfu:.0%} of {s.gpu_peak_tflops:g} TFLOP/s; GPU-hours: " + ", ".join(parts)
             + f"; at most {sum(n for _, n in stages) * hours:,.0f}")
-    if "looks" in s:
+    if s.looks is not None:
         test = dict(stages)["test"]
-        effect = s.get("planning_difference", s["margin"])
-        bounds = spending_bounds(s["looks"], 1 - s["confidence"], s.get("spending", "obf"))
-        share = [operating(s["looks"], bounds, theta).expected_pairs / s["looks"][-1]
-                 for theta in (0.0, effect / s["planning_sd"])]
+        effect = s.effect
+        bounds = spending_bounds(s.looks, 1 - s.confidence, s.spending)
+        share = [operating(s.looks, bounds, theta).expected_pairs / s.looks[-1]
+                 for theta in (0.0, effect / s.planning_sd)]
         text += (f"; the sequential test's expected test GPU-hours {test * share[0] * hours:,.0f} with no difference "
                  f"and {test * share[1] * hours:,.0f} at Δ = {effect:g}, against {test * hours:,.0f} fixed")
     return text
@@ -228,7 +224,7 @@ def _finished_rates(study_dir: Path | None) -> list[float]:
     if study_dir is None or not (Path(study_dir) / "runs").is_dir():
         return []
     summaries = (read_json(p, "a run summary") for p in (Path(study_dir) / "runs").glob("*/summary.json"))
-    return [s["tokens_per_s"] for s in summaries if isinstance(s.get("tokens_per_s"), (int, float))]
+    return [r["tokens_per_s"] for r in summaries if isinstance(r.get("tokens_per_s"), (int, float))]
 
 
 def shared_start_text(study: Study, limit: int = 20_000_000) -> str:
@@ -236,11 +232,11 @@ def shared_start_text(study: Study, limit: int = 20_000_000) -> str:
     per name, so equal names usually start equal): checked by building both models, for models under `limit`
     parameters."""
     s = study.design
-    baseline = s["primary"][0]
-    configs = {v.name: update(update(study.base, v.changes), {"model": s["shape"]}).model for v in study.arms}
+    baseline = s.primary[0]
+    configs = {v.name: update(update(study.base, v.changes), {"model": s.shape}).model for v in study.arms}
     if configs[baseline].approx_parameters() > limit:
         return f"shared initial weights: not checked here (models over {limit:,} parameters)"
-    states = {arm: Transformer(cfg, seed=s["seeds"][0]).state_dict() for arm, cfg in configs.items()}
+    states = {arm: Transformer(cfg, seed=s.seeds[0]).state_dict() for arm, cfg in configs.items()}
     lines = []
     for arm, state in states.items():
         if arm == baseline:
@@ -257,17 +253,17 @@ def power_text(s: dict) -> str:
     """What the plan's number of test pairs buys at its planning sd (for --dry-run, before anything runs): the
     paired t test's power to find the planning difference (the margin where none is declared), and the
     equivalence test's power to show equivalence within the margin when there is no difference."""
-    n, sd = len(s["seeds"]), s["planning_sd"]
-    effect = s.get("planning_difference", s["margin"])
-    power = power_paired_t(effect, sd, n, s["confidence"])
+    n, sd = len(s.seeds), s.planning_sd
+    effect = s.effect
+    power = power_paired_t(effect, sd, n, s.confidence)
     text = (f"power: {n} test pairs at the planning sd {sd:g} find a true Δ of {effect:g} with probability "
-            f"{power:.2f} (paired t, {s['confidence']:.0%} interval) and show equivalence within ±{s['margin']:g} "
-            f"with probability {power_equivalence(0.0, sd, n, s['margin'], s['alpha']):.2f} when the true Δ is 0")
-    if "looks" in s:
+            f"{power:.2f} (paired t, {s.confidence:.0%} interval) and show equivalence within ±{s.margin:g} "
+            f"with probability {power_equivalence(0.0, sd, n, s.margin, s.alpha):.2f} when the true Δ is 0")
+    if s.looks is not None:
         text += "\n" + sequential_text(s, effect, sd)
-    wanted = s.get("planning_power")
+    wanted = s.planning_power
     if wanted is not None and power < wanted:
-        needed = pairs_needed(effect, sd, wanted, s["confidence"])
+        needed = pairs_needed(effect, sd, wanted, s.confidence)
         text += (f"; below the declared planning_power {wanted:g}: " + (f"{needed} pairs would reach it" if needed
                                                                       else "no number of pairs reaches it"))
     return text
@@ -277,17 +273,17 @@ def sequential_text(s: dict, effect: float, sd: float) -> str:
     """A sequential design's bounds at each look and what it buys at the planning sd (normal approximation, the sd
     taken as known): the overall alpha, the power to find the planning difference and the expected pairs, with no
     difference and at that difference, stopping only for a difference."""
-    looks, spending, alpha = s["looks"], s.get("spending", "obf"), 1 - s["confidence"]
+    looks, spending, alpha = s.looks, s.spending, 1 - s.confidence
     bounds = spending_bounds(looks, alpha, spending)
     null, alt = operating(looks, bounds, 0.0), operating(looks, bounds, effect / sd)
     at = "; ".join(f"after {n} pairs |z| >= {c:.4f} (nominal p <= {2 * stats.norm.sf(c):.5f})"
                    for n, c in zip(looks, bounds))
     equivalence = (" Stopping for equivalence (non-binding: the bounds keep their alpha whether or not it is used) "
-                   "ends some studies earlier still.") if s.get("stop_for_equivalence") else ""
+                   "ends some studies earlier still.") if s.stop_for_equivalence else ""
     return (f"sequential test ({spending} spending, two-sided {alpha:g}): {at}; overall alpha {null.reject:.4f}; "
             f"power {alt.reject:.2f} to find Δ = {effect:g} at sd {sd:g} (the fixed design of {looks[-1]} pairs, "
             f"the same approximation: {operating(looks[-1:], [stats.norm.isf(alpha / 2)], effect / sd).reject:.2f}; "
-            f"its t test: {power_paired_t(effect, sd, looks[-1], s['confidence']):.2f}); expected pairs "
+            f"its t test: {power_paired_t(effect, sd, looks[-1], s.confidence):.2f}); expected pairs "
             f"{null.expected_pairs:.1f} "
             f"with no difference and {alt.expected_pairs:.1f} at Δ = {effect:g}, of {looks[-1]}.{equivalence}")
 
@@ -295,21 +291,21 @@ def sequential_text(s: dict, effect: float, sd: float) -> str:
 def plan_study(plan: Plan) -> Study:
     """The study of a plan: its arms, seeds and design; its stages as the module docstring says."""
     s = plan.design
-    study = Study(plan.name, plan.description, plan.base, plan.arms, seeds=s["seeds"], data=plan.data,
-                  report="plan", design=dict(s), plan=plan.raw)
+    study = Study(plan.name, plan.description, plan.base, plan.arms, seeds=s.seeds, data=plan.data,
+                  report="plan", design=s, plan=plan.raw)
 
     def stages(study_dir: Path):
         borrowed_records(study_dir, {"design": s, "plan": plan.raw})  # a borrowed arm must be the same experiment
-        if has_grid(s):
+        if s.kind == "lr-grid":
             chosen = yield from selected_lrs(study, study_dir)
         else:
-            chosen = {v.name: s["lr"] for v in plan.arms}
-        tested = s["seeds"]
-        for group in (s["primary"], s.get("secondary") or []):  # the primary arms' test runs first
+            chosen = {v.name: s.lr for v in plan.arms}
+        tested = s.seeds
+        for group in (s.primary, s.secondary):  # the primary arms' test runs first
             lrs = {arm: [chosen[arm]] for arm in group if chosen[arm] is not None}  # an arm out of every lr: no test
             if not set(lrs) - set(borrowed_arms(s)):
                 continue
-            if group is s["primary"] and "looks" in s:  # a sequential test: look by look, until it stops
+            if group is s.primary and s.looks is not None:  # a sequential test: look by look, until it stops
                 tested = yield from sequential_test(study, study_dir, lrs)
             else:
                 yield chains(study, study_dir, tested, lrs)

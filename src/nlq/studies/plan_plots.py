@@ -11,25 +11,25 @@ from nlq.studies.stats import paired_difference
 
 
 def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str, name: str) -> None:
-    cells = [(v, tpp) for v in [s["primary"][1], *s["secondary"]] for tpp in sorted(s["budgets_tpp"], reverse=True)]
-    cells = [(v, tpp, pairs_of(loss, baseline, v, s["seeds"], tpp, s["endpoint"])) for v, tpp in cells]
-    cells = [(v, tpp, pairs) for v, tpp, pairs in cells if len(pairs) == len(s["seeds"])]
+    cells = [(v, tpp) for v in [s.primary[1], *s.secondary] for tpp in sorted(s.budgets_tpp, reverse=True)]
+    cells = [(v, tpp, pairs_of(loss, baseline, v, s.seeds, tpp, s.endpoint)) for v, tpp in cells]
+    cells = [(v, tpp, pairs) for v, tpp, pairs in cells if len(pairs) == len(s.seeds)]
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for x, (arm, tpp, pairs) in enumerate(cells):
         deltas = [v - b for _, b, v in pairs]
-        p = paired_difference(deltas, [0.0] * len(deltas), s["confidence"])
+        p = paired_difference(deltas, [0.0] * len(deltas), s.confidence)
         ax.scatter([x + 0.12 * (i / max(1, len(deltas) - 1) - 0.5) for i in range(len(deltas))], deltas, s=12,
                    color="grey", alpha=0.7, zorder=2)
         ax.errorbar([x + 0.25], [p["mean"]], yerr=[[p["mean"] - p["low"]], [p["high"] - p["mean"]]], fmt="o",
-                    color="C0" if (arm, tpp) == (s["primary"][1], s["primary_tpp"]) else "C1", capsize=4, zorder=3)
+                    color="C0" if (arm, tpp) == (s.primary[1], s.primary_tpp) else "C1", capsize=4, zorder=3)
     ax.axhline(0.0, color="k", lw=0.8)
     for sign in (-1, 1):
-        ax.axhline(sign * s["margin"], color="C3", lw=0.8, ls="--")
+        ax.axhline(sign * s.margin, color="C3", lw=0.8, ls="--")
     ax.set_xticks(range(len(cells)), labels=[f"{v}\n{tpp:g} tok/param\nn={len(pairs)}" for v, tpp, pairs in cells],
                   fontsize=8)
-    ax.set(ylabel=f"Δ {s['endpoint']} vs {baseline} (nats; < 0 is better)",
-           title=f"{name}: per-seed Δ, mean with {s['confidence']:.0%} interval; dashed: ±{s['margin']:g} "
-                 f"(lr {s['lr']:g} for every variant)")
+    ax.set(ylabel=f"Δ {s.endpoint} vs {baseline} (nats; < 0 is better)",
+           title=f"{name}: per-seed Δ, mean with {s.confidence:.0%} interval; dashed: ±{s.margin:g} "
+                 f"(lr {s.lr:g} for every variant)")
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, path)
@@ -52,10 +52,10 @@ def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arm
             best = next(row for row in rows if row["lr"] == chosen[arm]["lr"])
             ax.scatter([best["lr"] * nudge], [best["mean"]], s=120, facecolors="none", edgecolors=f"C{i}", lw=1.5)
     lrs = sorted({row["lr"] for rows in curve.values() for row in rows})
-    ax.set(xscale="log", xlabel=f"peak lr (min lr = peak / {1 / s['min_lr_ratio']:g})",
-           ylabel=f"{s['endpoint']} (nats)",
-           title=f"{name} selection: seeds {', '.join(map(str, s['selection_seeds']))}, per-seed points, "
-                 f"means with {s['confidence']:.0%} intervals")
+    ax.set(xscale="log", xlabel=f"peak lr (min lr = peak / {1 / s.min_lr_ratio:g})",
+           ylabel=f"{s.endpoint} (nats)",
+           title=f"{name} selection: seeds {', '.join(map(str, s.selection_seeds))}, per-seed points, "
+                 f"means with {s.confidence:.0%} intervals")
     ax.set_xticks(lrs, labels=[f"{lr:g}" for lr in lrs], fontsize=8)
     ax.minorticks_off()
     ax.title.set_fontsize(9)
@@ -69,7 +69,7 @@ def plot_test(path: Path, pairs: list[tuple], family: list[dict], s: dict, basel
     deltas = [v - b for _, b, v in pairs]
     cells = [(f"{method} - {baseline}\n(the test)", deltas)]
     fig, ax = plt.subplots(figsize=(7.5 if family else 5.5, 4.2))  # 5.5: the title fits without a family
-    p = paired_difference(deltas, [0.0] * len(deltas), s["confidence"])
+    p = paired_difference(deltas, [0.0] * len(deltas), s.confidence)
     intervals = [p] + family
     labels = [cells[0][0]] + [row["comparison"].replace(" - ", " -\n", 1) for row in family]
     for x, (label, row) in enumerate(zip(labels, intervals)):
@@ -80,7 +80,7 @@ def plot_test(path: Path, pairs: list[tuple], family: list[dict], s: dict, basel
                     capsize=4, color="C0" if x == 0 else "C1")
     ax.axhline(0.0, color="k", lw=0.8)
     for sign in (-1, 1):
-        ax.axhline(sign * s["margin"], color="C3", lw=0.8, ls="--")
+        ax.axhline(sign * s.margin, color="C3", lw=0.8, ls="--")
     ax.set_xticks(range(len(labels)), labels=labels, fontsize=7)
     ax.set(ylabel="Δ (nats; positive: the first-named arm is worse)",
            title=f"{name} test: {len(pairs)} pairs, each arm at its selected lr")

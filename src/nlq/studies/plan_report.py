@@ -14,8 +14,8 @@ from pathlib import Path
 from nlq.config import RunConfig
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
-from nlq.studies.engine import endpoints, has_grid, run_dir_of, run_records
-from nlq.studies.plan import check_design, reference_of
+from nlq.studies.engine import endpoints, run_dir_of, run_records
+from nlq.studies.plan import reference_of
 from nlq.studies.plan_plots import plot_curve, plot_one_lr, plot_test
 from nlq.studies.plan_sections import (
     no_effect,
@@ -44,16 +44,15 @@ from nlq.studies.wsd import flops_per_token
 
 def build_plan_report(study_dir: Path, study: dict) -> str:
     """report.md, results.csv, verdict.json and the plots of a plan's study, from what is on disk; the design is
-    read from study.json (as registered), so the report tests what was registered even if the plan file changes."""
-    check_design(study.get("design"), f"{study_dir / 'study.json'}")
+    read from study.json (as registered, checked as design.read_study reads it: a Design), so the report tests what
+    was registered even if the plan file changes."""
     arms = {v.get("name") for v in study.get("arms", []) if isinstance(v, dict)}
-    named = study["design"]["primary"] + (study["design"].get("secondary") or [])
+    named = study["design"].primary + study["design"].secondary
     if arms and not set(named) <= arms:
         missing = sorted(set(named) - arms)
         raise UserError(f"{study_dir / 'study.json'}: its design names arm {missing[0]!r}, which is none of its arms "
                         f"({', '.join(sorted(arms))}); run the study again from its plan to rewrite it")
-    study = study | {"design": {"secondary": []} | study["design"]}  # a design may declare no secondary arms
-    return grid_report(study_dir, study) if has_grid(study["design"]) else one_lr_report(study_dir, study)
+    return grid_report(study_dir, study) if study["design"].kind == "lr-grid" else one_lr_report(study_dir, study)
 
 
 # ---- a plan with one lr for every arm ---------------------------------------------------------------------------
@@ -66,21 +65,21 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     s = study["design"]
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
     loss = {(r["arm"], r["seed"], r["tpp"]): r for r in runs}
-    seeds, primary_tpp = s["seeds"], s["primary_tpp"]
-    baseline, method = s["primary"]
+    seeds, primary_tpp = s.seeds, s.primary_tpp
+    baseline, method = s.primary
     lines = header(study) + ["## The pre-registered test", "",
-             f"Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed at {primary_tpp:g} tokens per "
-             f"parameter, {s['width']} {s['shape']}, both at peak lr {s['lr']:g} and min lr {s['min_lr']:g}; "
+             f"Δ = {s.endpoint}({method}) - {s.endpoint}({baseline}) per seed at {primary_tpp:g} tokens per "
+             f"parameter, {s.width} {s.shape}, both at peak lr {s.lr:g} and min lr {s.min_lr:g}; "
              f"{len(seeds)} pairs (seeds {seeds[0]}-{seeds[-1]}), fixed in advance. Analysis: the mean Δ with its "
-             f"{s['confidence']:.0%} paired t interval; the equivalence test (two one-sided t tests at "
-             f"{s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
+             f"{s.confidence:.0%} paired t interval; the equivalence test (two one-sided t tests at "
+             f"{s.alpha:g}, margin ±{s.margin:g} nats). Decision rule: the interval below 0: {method} better; "
              f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
              f"inconclusive."] + looks_text(s) + arms_table(study_dir, runs, s) + [""]
     ended = test_seeds(study_dir, s)  # a sequential test: the seeds up to the look where it ended (None: running)
     tested = ended or seeds
-    pairs = pairs_of(loss, baseline, method, tested, primary_tpp, s["endpoint"])
+    pairs = pairs_of(loss, baseline, method, tested, primary_tpp, s.endpoint)
     finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
-    finished |= {v: len(pairs_of(loss, baseline, v, seeds, primary_tpp, s["endpoint"])) for v in s["secondary"]}
+    finished |= {v: len(pairs_of(loss, baseline, v, seeds, primary_tpp, s.endpoint)) for v in s.secondary}
     outcome = {"registered_pairs": len(seeds), "finished_pairs": finished}
     if ended is None:
         lines += [running_text(study_dir, s), ""]
@@ -115,13 +114,13 @@ def header(study: dict) -> list[str]:
 
 def looks_text(s: dict) -> list[str]:
     """For a sequential test, its looks in words (nothing for a fixed design)."""
-    if "looks" not in s:
+    if s.looks is None:
         return []
     equivalence = (" or when its repeated interval lies inside the margin (non-binding)"
-                   if s.get("stop_for_equivalence") else "")
-    return ["", f"Sequential: the primary pairs are looked at after {', '.join(map(str, s['looks']))} of them, in the "
-                f"registered seed order, with {s.get('spending', 'obf')} spending of the two-sided "
-                f"{1 - s['confidence']:g}; the test stops when the paired t test's p is at most the look's nominal "
+                   if s.stop_for_equivalence else "")
+    return ["", f"Sequential: the primary pairs are looked at after {', '.join(map(str, s.looks))} of them, in the "
+                f"registered seed order, with {s.spending} spending of the two-sided "
+                f"{1 - s.confidence:g}; the test stops when the paired t test's p is at most the look's nominal "
                 f"level{equivalence}, and no further test chain is trained; the decision is the rule above read off "
                 "the repeated confidence interval where it ended."]
 
@@ -129,7 +128,7 @@ def looks_text(s: dict) -> list[str]:
 def running_text(study_dir: Path, s: dict) -> str:
     path = study_dir / "sequential.json"
     done = len(read_json(path, "the sequential test's record").get("looks") or []) if path.is_file() else 0
-    return (f"{done} of {len(s['looks'])} looks of the sequential test have been computed and none has ended it. "
+    return (f"{done} of {len(s.looks)} looks of the sequential test have been computed and none has ended it. "
             "Nothing of the test is shown before it ends.")
 
 
@@ -150,13 +149,13 @@ def decided(study: dict, study_dir: Path, pairs: list[tuple]) -> dict:
     """The primary test's decision by the registered rule (a sequential test's read off its repeated interval), with
     what verdict.json records beside it."""
     s = study["design"]
-    baseline, method = s["primary"]
-    decision = decide([v - b for _, b, v in pairs], s["margin"], s["confidence"], s["alpha"], method,
+    baseline, method = s.primary
+    decision = decide([v - b for _, b, v in pairs], s.margin, s.confidence, s.alpha, method,
                       no_effect(study))
-    if "looks" in s:
+    if s.looks is not None:
         decision = sequential_decision(decision, sequential_end(study_dir, s), s, method, no_effect(study))
-    return {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s["endpoint"],
-            "tokens_per_parameter": s["primary_tpp"], "margin": s["margin"],
+    return {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s.endpoint,
+            "tokens_per_parameter": s.primary_tpp, "margin": s.margin,
             "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
 
 
@@ -164,23 +163,23 @@ def grid_report(study_dir: Path, study: dict) -> str:
     """report.md, verdict.json (selected lrs, the lr curve, ended pairs and, once in, the decision and the secondary
     family), results.csv, verdict_lr_curve.png (the selection) and verdict_lr_test.png (the test's Δs)."""
     s = study["design"]
-    arms = s["primary"] + s["secondary"]
-    baseline, method = s["primary"]
+    arms = s.primary + s.secondary
+    baseline, method = s.primary
     budget_runs = [r for r in load_summaries(study_dir, {"runs": run_records(study_dir, study)})
                    if r.get("stage") == "budget"]
     lines = header(study) + ["## The pre-registered test", "", design_text(study)]
     lines += arms_table(study_dir, budget_runs, s) + ["", "## Selection", ""]
-    picked = endpoints(study_dir, study, s["selection_seeds"])
+    picked = endpoints(study_dir, study, s.selection_seeds)
     chosen = selection(picked, s, arms)
     curve = lr_curve(picked, s, arms)
     lines += selection_table(curve, chosen, s, arms) + borrowed_text(s)
-    outcome = {"registered_pairs": len(s["seeds"]), "finished_pairs": {method: 0},
+    outcome = {"registered_pairs": len(s.seeds), "finished_pairs": {method: 0},
                "selected_lrs": {arm: chosen[arm]["lr"] for arm in chosen} or None,
                "at_edge": {arm: chosen[arm]["edge"] for arm in chosen}, "lr_curve": curve}
     if curve:
         plot_curve(study_dir / "verdict_lr_curve.png", picked, curve, chosen, s, arms, study["name"])
         lines += ["", "Plot: `verdict_lr_curve.png` (each run's endpoint against its peak lr, each arm's mean with its "
-                  f"{s['confidence']:.0%} interval over the selection seeds; the selected lrs circled)."]
+                  f"{s.confidence:.0%} interval over the selection seeds; the selected lrs circled)."]
     if any(arm not in chosen for arm in arms):
         lines += ["", "The selection has not ended yet; the test runs after it."]
         return write_outcome(study_dir, lines, outcome)
@@ -196,21 +195,21 @@ def grid_report(study_dir: Path, study: dict) -> str:
 
     runs = budget_runs
     loss = {(r["arm"], r["seed"], r["tpp"]): r for r in runs
-            if r["seed"] in s["seeds"] and chosen[r["arm"]]["lr"] is not None
+            if r["seed"] in s.seeds and chosen[r["arm"]]["lr"] is not None
             and r["lr"] == chosen[r["arm"]]["lr"]}
-    tested = endpoints(study_dir, study, s["seeds"])
+    tested = endpoints(study_dir, study, s.seeds)
     ended = test_seeds(study_dir, s)  # a sequential test: the seeds up to the look where it ended (None: running)
-    seeds = ended or s["seeds"]
-    pairs = pairs_of(loss, baseline, method, seeds, s["primary_tpp"], s["endpoint"])
+    seeds = ended or s.seeds
+    pairs = pairs_of(loss, baseline, method, seeds, s.primary_tpp, s.endpoint)
     diverged = sorted({seed for (arm, lr, seed), value in tested.items()
-                       if value is None and arm in s["primary"] and lr == chosen[arm]["lr"] and seed in seeds})
+                       if value is None and arm in s.primary and lr == chosen[arm]["lr"] and seed in seeds})
     outcome["finished_pairs"] = {method: len(pairs)}
     lines += ["", "## The test", ""] + looks_text(s)
     if ended is None:
         lines.append(running_text(study_dir, s))
         return write_outcome(study_dir, lines, outcome)
     if len(pairs) + len(diverged) < len(seeds):
-        lines += [f"{len(pairs) + len(diverged)} of {len(s['seeds'])} test pairs have ended. The test is computed once "
+        lines += [f"{len(pairs) + len(diverged)} of {len(s.seeds)} test pairs have ended. The test is computed once "
                   "all have: no endpoint is shown before."]
         return write_outcome(study_dir, lines, outcome)
     outcome |= decided(study, study_dir, pairs) | {"diverged_pairs": diverged}
@@ -223,10 +222,10 @@ def grid_report(study_dir: Path, study: dict) -> str:
     family_lines, family = secondary_family(loss, s, [arm for arm in arms if arm not in out])
     lines += family_lines
     outcome["secondary_family"] = family
-    if s.get("secondary"):  # how far the family's runs are, for a status written before it is in
+    if s.secondary:  # how far the family's runs are, for a status written before it is in
         kept = [arm for arm in arms if arm not in out]
-        outcome["seeds_with_every_arm"] = sum(all((arm, seed, s["primary_tpp"]) in loss for arm in kept)
-                                              for seed in s["seeds"])
+        outcome["seeds_with_every_arm"] = sum(all((arm, seed, s.primary_tpp) in loss for arm in kept)
+                                              for seed in s.seeds)
     plot_test(study_dir / "verdict_lr_test.png", pairs, family, s, baseline, method, study["name"])
     lines += ["", "Plot: `verdict_lr_test.png` (each test seed's Δ, the mean with its interval, the equivalence "
               "margins; beside it the secondary comparisons once they are in)."]
@@ -239,9 +238,9 @@ def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
     own parameter (every arm trains on the same tokens, set by the baseline's count) and training FLOPs per token."""
     first = {}
     for r in runs:
-        if r.get("tpp") == s["primary_tpp"]:
+        if r.get("tpp") == s.primary_tpp:
             first.setdefault(r["arm"], r)
-    arms = [arm for arm in s["primary"] + (s.get("secondary") or []) if arm in first]
+    arms = [arm for arm in s.primary + s.secondary if arm in first]
     if not arms:
         return []
     rows = []
@@ -255,7 +254,7 @@ def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
         params, tokens = r.get("non_embedding_parameters"), r.get("tokens")
         own = f"{tokens / params:.0f}" if params and tokens else "n/a"
         rows.append([arm, f"{params:,}" if params else "n/a", own, flops])
-    header = ["arm", "non-embedding parameters", f"tokens per own parameter at {s['primary_tpp']:g}",
+    header = ["arm", "non-embedding parameters", f"tokens per own parameter at {s.primary_tpp:g}",
               "training FLOPs per token"]
     return [""] + markdown_table(header, rows)
 

@@ -28,8 +28,8 @@ def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str
     (exploratory) each pair whose removal alone would change the decision's words."""
     deltas = [v - b for _, b, v in pairs]
     return {"worse_pairs": sum(d > 0 for d in deltas), "one_pair": one_pair_decides(
-        [seed for seed, _, _ in pairs], deltas, s["confidence"], lambda d: decide(
-            d, s["margin"], s["confidence"], s["alpha"], method, no_effect_words)["words"])}
+        [seed for seed, _, _ in pairs], deltas, s.confidence, lambda d: decide(
+            d, s.margin, s.confidence, s.alpha, method, no_effect_words)["words"])}
 
 
 def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str,
@@ -38,12 +38,12 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
     base_mean, base_sd = mean_std([b for _, b, _ in pairs])
     lines = [f"**Verdict: {decision['words']}.**", "",
              f"- mean Δ {interval['mean']:+.4f} nats ({interval['mean'] / base_mean:+.2%} of {baseline}'s loss; "
-             f"positive: {method} worse), {s['confidence']:.0%} interval {interval_text(interval)}, "
-             f"paired sd {interval['sd']:.4f} (planned for {s['planning_sd']:g}), p = {interval['p']:.3g};",
-             f"- equivalence test: p = {tost['p_lower']:.3g} against Δ <= -{s['margin']:g} and "
-             f"p = {tost['p_upper']:.3g} against Δ >= +{s['margin']:g}; {1 - 2 * s['alpha']:.0%} interval "
+             f"positive: {method} worse), {s.confidence:.0%} interval {interval_text(interval)}, "
+             f"paired sd {interval['sd']:.4f} (planned for {s.planning_sd:g}), p = {interval['p']:.3g};",
+             f"- equivalence test: p = {tost['p_lower']:.3g} against Δ <= -{s.margin:g} and "
+             f"p = {tost['p_upper']:.3g} against Δ >= +{s.margin:g}; {1 - 2 * s.alpha:.0%} interval "
              f"[{tost['low']:+.4f}, {tost['high']:+.4f}] "
-             + ("inside" if tost["equivalent"] else "not inside") + f" ±{s['margin']:g};",
+             + ("inside" if tost["equivalent"] else "not inside") + f" ±{s.margin:g};",
              f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole {split_name(loss)} split "
              f"({len(pairs)} seeds);",
              realised_power(interval, s)]
@@ -51,9 +51,9 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
         lines += sequential_lines(decision["sequential"], s)
     lines += one_pair_lines(facts["one_pair"], "the decision")
     if decision["verdict"] == "inconclusive":
-        needed = pairs_needed(s["margin"], interval["sd"])
+        needed = pairs_needed(s.margin, interval["sd"])
         lines.append("- What would settle it: at the observed paired sd, a new study of "
-                     f"{needed or 'more than 10,000'} pairs has 80% power to find a difference of {s['margin']:g} "
+                     f"{needed or 'more than 10,000'} pairs has 80% power to find a difference of {s.margin:g} "
                      "nats (seeds are not added to this one).")
     lines += ["", beside_endpoint(pairs, loss, s, baseline, method, study_dir), ""]
     return lines + markdown_table(["seed", baseline, method, "Δ"],
@@ -71,16 +71,16 @@ def split_name(loss: dict) -> str:
 def beside_endpoint(pairs: list[tuple], loss: dict, s: dict, baseline: str, method: str, study_dir: Path) -> str:
     """The same pairs on a second measure, not the endpoint: a language model's fixed eval windows; a classifier's
     test accuracy (the whole test split)."""
-    tpp = s["primary_tpp"]
+    tpp = s.primary_tpp
     key = "test_accuracy" if is_classifier(loss) else "val_loss"
-    confidence = s["confidence"] if key == "test_accuracy" else 0.95
+    confidence = s.confidence if key == "test_accuracy" else 0.95
     diff = paired_difference([loss[(method, seed, tpp)][key] for seed, _, _ in pairs],
                              [loss[(baseline, seed, tpp)][key] for seed, _, _ in pairs], confidence)
     if key == "test_accuracy":
         means = {arm: mean_std([loss[(arm, seed, tpp)][key] for seed, _, _ in pairs])[0] for arm in (baseline, method)}
         return (f"Test accuracy of the same pairs (not the endpoint): {baseline} {means[baseline]:.2%}, {method} "
                 f"{means[method]:.2%}; Δ {diff['mean']:+.2%} (positive: {method} more accurate), "
-                f"{s['confidence']:.0%} interval [{diff['low']:+.2%}, {diff['high']:+.2%}].")
+                f"{s.confidence:.0%} interval [{diff['low']:+.2%}, {diff['high']:+.2%}].")
     first = run_dir_of(study_dir, loss[(baseline, pairs[0][0], tpp)])
     return f"The same pairs on the {fixed_windows(first)}: Δ {diff['mean']:+.4f} {interval_text(diff)}."
 
@@ -88,14 +88,14 @@ def beside_endpoint(pairs: list[tuple], loss: dict, s: dict, baseline: str, meth
 def realised_power(interval: dict, s: dict) -> str:
     """The power the test had at the paired sd it observed (with that sd's interval) beside the power planned, and
     which sizes of effect its interval excludes."""
-    n, sd, confidence = interval["n"], interval["sd"], s["confidence"]
-    effect = s.get("planning_difference", s["margin"])
+    n, sd, confidence = interval["n"], interval["sd"], s.confidence
+    effect = s.effect
     low, high = sd_interval(sd, n, confidence)
     kept = [f"{e:+g}" for e in (-effect, effect) if interval["low"] < e < interval["high"]]
-    planned = power_paired_t(effect, s["planning_sd"], n, confidence)
+    planned = power_paired_t(effect, s.planning_sd, n, confidence)
     return (f"- power as realised: at the observed paired sd {sd:.4f} ({confidence:.0%} interval {low:.4f} to "
             f"{high:.4f}) the {n} pairs find a true Δ of {effect:g} with probability "
-            f"{power_paired_t(effect, sd, n, confidence):.2f} (planned: {planned:.2f} at sd {s['planning_sd']:g}); "
+            f"{power_paired_t(effect, sd, n, confidence):.2f} (planned: {planned:.2f} at sd {s.planning_sd:g}); "
             f"the interval excludes a true Δ below {interval['low']:+.4f} or above "
             f"{interval['high']:+.4f}" + (f"; it does not exclude a true Δ of {' or '.join(kept)}." if kept else "."))
 
@@ -146,14 +146,14 @@ def fixed_windows(run_dir: Path) -> str:
 
 def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[str]:
     """The declared secondary comparisons, one Holm family: every (variant, budget) but the primary one."""
-    family = [(v, tpp) for v in [method, *s["secondary"]] for tpp in s["budgets_tpp"]
-              if (v, tpp) != (method, s["primary_tpp"])]
+    family = [(v, tpp) for v in [method, *s.secondary] for tpp in s.budgets_tpp
+              if (v, tpp) != (method, s.primary_tpp)]
     rows = []
     for arm, tpp in family:
-        pairs = pairs_of(loss, baseline, arm, s["seeds"], tpp, s["endpoint"])
-        if len(pairs) == len(s["seeds"]):
+        pairs = pairs_of(loss, baseline, arm, s.seeds, tpp, s.endpoint)
+        if len(pairs) == len(s.seeds):
             rows.append((arm, tpp, paired_difference([v for _, _, v in pairs], [b for _, b, _ in pairs],
-                                                         s["confidence"])))
+                                                         s.confidence)))
     lines = ["", "## Secondary comparisons (declared in advance; not part of the decision)", ""]
     if not family:
         return lines + ["None declared (no secondary arm, one budget)."]
@@ -172,21 +172,21 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
           reading(p, p_holm, s)] for (arm, tpp, p), p_holm in zip(rows, adjusted)])
     fragile = []
     for index, (arm, tpp, _) in enumerate(rows):
-        pairs = pairs_of(loss, baseline, arm, s["seeds"], tpp, s["endpoint"])
+        pairs = pairs_of(loss, baseline, arm, s.seeds, tpp, s.endpoint)
 
         def words_of(d: list[float], index=index) -> str:  # this comparison's reading, the others' p as they are
-            p = paired_difference(d, [0.0] * len(d), s["confidence"])
+            p = paired_difference(d, [0.0] * len(d), s.confidence)
             others = [r[2]["p"] for r in rows]
             return reading(p, holm(others[:index] + [p["p"]] + others[index + 1:] + [1.0] * (len(family) - len(rows)))[
                 index], s)
         fragile += one_pair_lines(one_pair_decides([seed for seed, _, _ in pairs], [v - b for _, b, v in pairs],
-                                                   s["confidence"], words_of),
+                                                   s.confidence, words_of),
                                   f"the reading of {arm} at {tpp:g} tokens/param")
     return lines + ([""] + fragile if fragile else [])
 
 
 def reading(p: dict, p_holm: float, s: dict) -> str:
-    if not p_holm < 1 - s["confidence"]:
+    if not p_holm < 1 - s.confidence:
         return "within noise"
     return "lower loss" if p["mean"] < 0 else "higher loss"
 
@@ -196,30 +196,30 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
     against the baseline), Holm-adjusted together once every test seed has all its arms: [variant, baseline] pairs
     and "interaction": with two secondary arms [baseline', method'] beside the primary [baseline, method],
     (method' - baseline') - (method - baseline); in verdict-lr, the query effect with QK-norm minus without."""
-    if not s.get("secondary"):
+    if not s.secondary:
         return [], []
-    tpp, key = s["primary_tpp"], s["endpoint"]
-    complete = [seed for seed in s["seeds"] if all((arm, seed, tpp) in loss for arm in arms)]
-    lines = ["", f"## Secondary arms: {', '.join(s['secondary'])} (declared comparisons on the test seeds; not part of "
+    tpp, key = s.primary_tpp, s.endpoint
+    complete = [seed for seed in s.seeds if all((arm, seed, tpp) in loss for arm in arms)]
+    lines = ["", f"## Secondary arms: {', '.join(s.secondary)} (declared comparisons on the test seeds; not part of "
              "the decision)", ""]
-    if len(complete) < len(s["seeds"]) or len(arms) < len(s["primary"]) + len(s["secondary"]):
-        return lines + [f"{len(complete)} of {len(s['seeds'])} test seeds have every arm's endpoint; the family is "
+    if len(complete) < len(s.seeds) or len(arms) < len(s.primary) + len(s.secondary):
+        return lines + [f"{len(complete)} of {len(s.seeds)} test seeds have every arm's endpoint; the family is "
                         "computed once all have."], []
     value = {(arm, seed): loss[(arm, seed, tpp)][key] for arm in arms for seed in complete}
     rows, per_seed = [], []
-    for member in s.get("secondary_family") or [[arm, s["primary"][0]] for arm in s["secondary"]]:
+    for member in s.secondary_family or [[arm, s.primary[0]] for arm in s.secondary]:
         if member == "interaction":
-            (nq, lq), (n, ln) = s["secondary"][::-1], s["primary"][::-1]  # [baseline, method] of each pair
+            (nq, lq), (n, ln) = s.secondary[::-1], s.primary[::-1]  # [baseline, method] of each pair
             diffs = [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)])
                      for seed in complete]
             label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
-            p, base = paired_difference(diffs, [0.0] * len(diffs), s["confidence"]), None
+            p, base = paired_difference(diffs, [0.0] * len(diffs), s.confidence), None
         else:
             arm, baseline = member
             label = f"{arm} - {baseline}"
             diffs = [value[(arm, seed)] - value[(baseline, seed)] for seed in complete]
             p = paired_difference([value[(arm, seed)] for seed in complete],
-                                  [value[(baseline, seed)] for seed in complete], s["confidence"])
+                                  [value[(baseline, seed)] for seed in complete], s.confidence)
             base = mean_std([value[(baseline, seed)] for seed in complete])[0]
         rows.append({"comparison": label, "member": member, "baseline_mean": base, **p})
         per_seed.append(diffs)
@@ -229,7 +229,7 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
     for row, p_holm in zip(rows, adjusted):
         row["holm_p"] = p_holm
     lines += markdown_table(
-        ["comparison", "pairs", "mean Δ", "% of the baseline", f"{s['confidence']:.0%} interval", "p", "Holm p",
+        ["comparison", "pairs", "mean Δ", "% of the baseline", f"{s.confidence:.0%} interval", "p", "Holm p",
          "reading"],
         [[row["comparison"], row["n"], f"{row['mean']:+.4f}",
           f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a", interval_text(row),
@@ -237,10 +237,10 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
     fragile = []
     for index, (row, diffs) in enumerate(zip(rows, per_seed)):
         def words_of(d: list[float], index=index) -> str:  # this member's reading, the others' p as they are
-            p = paired_difference(d, [0.0] * len(d), s["confidence"])
+            p = paired_difference(d, [0.0] * len(d), s.confidence)
             return reading(p, holm([r["p"] for r in rows[:index]] + [p["p"]] + [r["p"] for r in rows[index + 1:]])[
                 index], s)
-        fragile += one_pair_lines(one_pair_decides(complete, diffs, s["confidence"], words_of),
+        fragile += one_pair_lines(one_pair_decides(complete, diffs, s.confidence, words_of),
                                   f"the reading of {row['comparison']}")
     return lines + ([""] + fragile if fragile else []), rows
 
@@ -248,7 +248,7 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
 def no_effect(study: dict) -> str:
     """The words of the decision rule for equivalence shown: the plan's [reference] no_effect_words where it has them
     (the shipped verdict plans: their margin stood for the paper's claimed gain), else the margin itself."""
-    return reference_of(study).get("no_effect_words") or f"no effect beyond ±{study['design']['margin']:g} nats"
+    return reference_of(study).get("no_effect_words") or f"no effect beyond ±{study['design'].margin:g} nats"
 
 
 def pairs_of(loss: dict, baseline: str, arm: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
@@ -266,7 +266,7 @@ def sequential_end(study_dir: Path, s: dict) -> dict | None:
     """A sequential test's last recorded look once the test has ended there (stopped at a bound, or the last look);
     None while it runs (no endpoint is shown before). A plan without looks: None."""
     path = study_dir / "sequential.json"
-    if "looks" not in s or not path.is_file():
+    if s.looks is None or not path.is_file():
         return None
     looks = read_json(path, "the sequential test's record").get("looks") or []
     ended = [entry for entry in looks if entry.get("action") in ("difference", "equivalence", "end")]
@@ -276,10 +276,10 @@ def sequential_end(study_dir: Path, s: dict) -> dict | None:
 def test_seeds(study_dir: Path, s: dict) -> list[int] | None:
     """The seeds the pre-registered test is computed on: every test seed, or for a sequential test those up to the
     look where it ended (None while it runs)."""
-    if "looks" not in s:
-        return s["seeds"]
+    if s.looks is None:
+        return s.seeds
     end = sequential_end(study_dir, s)
-    return None if end is None else s["seeds"][:s["looks"][end["look"] - 1]]
+    return None if end is None else s.seeds[:s.looks[end["look"] - 1]]
 
 
 def sequential_decision(decision: dict, end: dict, s: dict, method: str, no_effect_words: str) -> dict:
@@ -288,7 +288,7 @@ def sequential_decision(decision: dict, end: dict, s: dict, method: str, no_effe
     the naive interval stays in decision["interval"], labelled as such in the report."""
     low, high = end["repeated"]
     key = "better" if high < 0 else "worse" if low > 0 else (
-        "equivalent" if -s["margin"] < low and high < s["margin"] else "inconclusive")
+        "equivalent" if -s.margin < low and high < s.margin else "inconclusive")
     words = no_effect_words if key == "equivalent" else VERDICTS[key].replace("nonlinear", method)
     return decision | {"verdict": key, "words": words, "sequential": end}
 
@@ -296,7 +296,7 @@ def sequential_decision(decision: dict, end: dict, s: dict, method: str, no_effe
 def sequential_lines(end: dict, s: dict) -> list[str]:
     stopped = {"difference": "stopped for a difference", "equivalence": "stopped for equivalence",
                "end": "ran to its last look"}[end["action"]]
-    return [f"- sequential test ({s.get('spending', 'obf')} spending, looks after {', '.join(map(str, s['looks']))} "
+    return [f"- sequential test ({s.spending} spending, looks after {', '.join(map(str, s.looks))} "
             f"pairs): {stopped} at look {end['look']} ({end['pairs']} pairs; t = {end['t']:+.3f}, p = {end['p']:.3g} "
             f"against the look's nominal level {end['level']:.3g}); repeated confidence interval "
             f"[{end['repeated'][0]:+.4f}, {end['repeated'][1]:+.4f}] (Jennison & Turnbull 1989: its coverage holds "

@@ -29,18 +29,18 @@ def borrowed_text(s: dict) -> list[str]:
 
 def design_text(study: dict) -> str:
     s = study["design"]
-    baseline, method = s["primary"]
-    return (f"Selection: the arms {', '.join(s['primary'] + s['secondary'])} at peak lr "
-            f"{', '.join(f'{lr:g}' for lr in s['lrs'])} (min lr = peak x {s['min_lr_ratio']:g}) on seeds "
-            f"{', '.join(map(str, s['selection_seeds']))}; each arm's lr is the one with the lowest mean "
-            f"{s['endpoint']} "
-            f"at {s['primary_tpp']:g} tokens per parameter (an lr with a diverged run is out; a tie goes to the lower "
-            f"lr); a best lr at an edge of what was tried extends the grid by x{s['edge_factor']:g} that way (at most "
-            f"{s['max_extensions']} times), until the best is inside or the next lr diverges. Test: every arm at its "
-            f"selected lr on {len(s['seeds'])} seeds ({s['seeds'][0]}-{s['seeds'][-1]}), the primary arms first; "
-            f"Δ = {s['endpoint']}({method}) - {s['endpoint']}({baseline}) per seed (positive: {method} worse); the "
-            f"mean Δ with its {s['confidence']:.0%} paired t interval and the equivalence test (two one-sided t tests "
-            f"at {s['alpha']:g}, margin ±{s['margin']:g} nats). Decision rule: the interval below 0: {method} better; "
+    baseline, method = s.primary
+    return (f"Selection: the arms {', '.join(s.primary + s.secondary)} at peak lr "
+            f"{', '.join(f'{lr:g}' for lr in s.lrs)} (min lr = peak x {s.min_lr_ratio:g}) on seeds "
+            f"{', '.join(map(str, s.selection_seeds))}; each arm's lr is the one with the lowest mean "
+            f"{s.endpoint} "
+            f"at {s.primary_tpp:g} tokens per parameter (an lr with a diverged run is out; a tie goes to the lower "
+            f"lr); a best lr at an edge of what was tried extends the grid by x{s.edge_factor:g} that way (at most "
+            f"{s.max_extensions} times), until the best is inside or the next lr diverges. Test: every arm at its "
+            f"selected lr on {len(s.seeds)} seeds ({s.seeds[0]}-{s.seeds[-1]}), the primary arms first; "
+            f"Δ = {s.endpoint}({method}) - {s.endpoint}({baseline}) per seed (positive: {method} worse); the "
+            f"mean Δ with its {s.confidence:.0%} paired t interval and the equivalence test (two one-sided t tests "
+            f"at {s.alpha:g}, margin ±{s.margin:g} nats). Decision rule: the interval below 0: {method} better; "
             f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
             f"inconclusive. A test pair with a diverged run leaves the test and is listed.")
 
@@ -52,13 +52,13 @@ def lr_curve(picked: dict, s: dict, arms: list[str]) -> dict:
     for arm in arms:
         rows = []
         for lr in sorted({lr for (a, lr, _) in picked if a == arm}):
-            values = [picked.get((arm, lr, seed), math.nan) for seed in s["selection_seeds"]]
+            values = [picked.get((arm, lr, seed), math.nan) for seed in s.selection_seeds]
             row = {"lr": lr, "values": [None if v is None or not math.isfinite(v) else v for v in values],
-                   "ended": sum((arm, lr, seed) in picked for seed in s["selection_seeds"]),
-                   "diverged": sum(picked.get((arm, lr, seed), 0.0) is None for seed in s["selection_seeds"])}
+                   "ended": sum((arm, lr, seed) in picked for seed in s.selection_seeds),
+                   "diverged": sum(picked.get((arm, lr, seed), 0.0) is None for seed in s.selection_seeds)}
             finite = [v for v in row["values"] if v is not None]
             if len(finite) == len(values):
-                p = paired_difference(finite, [0.0] * len(finite), s["confidence"])
+                p = paired_difference(finite, [0.0] * len(finite), s.confidence)
                 row |= {"mean": p["mean"], "low": p["low"], "high": p["high"]}
             rows.append(row)
         if rows:
@@ -70,14 +70,14 @@ def selection_table(curve: dict, chosen: dict, s: dict, arms: list[str]) -> list
     rows = []
     for arm in arms:
         for row in curve.get(arm, []):
-            marks = ["extension"] * (row["lr"] not in s["lrs"])
+            marks = ["extension"] * (row["lr"] not in s.lrs)
             marks += ["selected"] * (arm in chosen and chosen[arm]["lr"] == row["lr"])
             mark = f" ({', '.join(marks)})" if marks else ""
             mean = f"{row['mean']:.4f}" if "mean" in row else "n/a"
             interval = f"[{row['low']:.4f}, {row['high']:.4f}]" if "mean" in row else "n/a"
-            rows.append([arm, f"{row['lr']:g}{mark}", f"{row['ended']} of {len(s['selection_seeds'])}", mean, interval,
+            rows.append([arm, f"{row['lr']:g}{mark}", f"{row['ended']} of {len(s.selection_seeds)}", mean, interval,
                          row["diverged"]])
-    return markdown_table(["arm", "peak lr", "runs ended", f"mean {s['endpoint']}", f"{s['confidence']:.0%} interval",
+    return markdown_table(["arm", "peak lr", "runs ended", f"mean {s.endpoint}", f"{s.confidence:.0%} interval",
                            "diverged"], rows)
 
 
@@ -85,7 +85,7 @@ def selection_margins(picked: dict, chosen: dict, s: dict, arms: list[str]) -> t
     """How firm each selection is: the runner-up lr (the next lowest mean), the margin (runner-up - selected, mean over
     the selection seeds) with the paired sd of that difference, and on how many selection seeds the selected lr was
     the best of every lr the arm tried with finite runs. A close call: not best on every seed."""
-    seeds, rows = s["selection_seeds"], {}
+    seeds, rows = s.selection_seeds, {}
     for arm in arms:
         best = chosen[arm]["lr"]
         means = {lr: m for lr, m in lr_means(picked, arm, seeds).items() if m is not None}
@@ -122,31 +122,31 @@ def selection_comparisons(picked: dict, chosen: dict, s: dict, baseline: str, me
     """Declared illustrations on the selection seeds (paired by seed, not tests): method - baseline at every lr both
     tried (one Holm family), and the paper's protocol (the method at its selected lr, the baseline at the lr nearest
     to 1/ratio of it)."""
-    seeds = s["selection_seeds"]
+    seeds = s.selection_seeds
 
     def pair(a: tuple, b: tuple) -> dict:
         both = [seed for seed in seeds if picked.get((*a, seed)) is not None and picked.get((*b, seed)) is not None]
         return paired_difference([picked[(*a, seed)] for seed in both], [picked[(*b, seed)] for seed in both],
-                                 s["confidence"])
+                                 s.confidence)
 
     shared = sorted({lr for (a, lr, _) in picked if a == method} & {lr for (a, lr, _) in picked if a == baseline})
     rows = [(lr, pair((method, lr), (baseline, lr))) for lr in shared]
     adjusted = holm([p["p"] if math.isfinite(p["p"]) else 1.0 for _, p in rows])
     lines = ["", f"Illustrations on the selection seeds (declared; not tests): {method} - {baseline} at each lr both "
              f"tried, Holm-adjusted over the {len(rows)} lrs as one family.", ""]
-    lines += markdown_table(["peak lr", "pairs", "mean Δ", f"{s['confidence']:.0%} interval", "p", "Holm p", "reading"],
+    lines += markdown_table(["peak lr", "pairs", "mean Δ", f"{s.confidence:.0%} interval", "p", "Holm p", "reading"],
                             [[f"{lr:g}", p["n"], f"{p['mean']:+.4f}", interval_text(p), f"{p['p']:.3g}",
                               f"{p_holm:.3g}", reading(p, p_holm, s)] for (lr, p), p_holm in zip(rows, adjusted)])
     method_lr = chosen[method]["lr"]
     finite = [row["lr"] for row in lr_means_rows(picked, baseline, seeds)]
-    if method_lr is None or not finite or "paper_lr_ratio" not in s:  # the paper's protocol: declared by verdict-lr
+    if method_lr is None or not finite or s.paper_lr_ratio is None:  # the paper's protocol: declared by verdict-lr
         return lines
-    base_lr = paper_protocol_lr(method_lr, finite, s["paper_lr_ratio"])
+    base_lr = paper_protocol_lr(method_lr, finite, s.paper_lr_ratio)
     p = pair((method, method_lr), (baseline, base_lr))
     base_mean = mean_std([picked[(baseline, base_lr, seed)] for seed in seeds])[0]
     lines += ["", f"The paper's protocol at this scale: {method} at its selected lr {method_lr:g} - {baseline} at "
-              f"{base_lr:g} (the lr it tried nearest to 1/{s['paper_lr_ratio']:g} of it): Δ {p['mean']:+.4f} nats "
-              f"({p['mean'] / base_mean:+.2%} of {baseline}'s {base_mean:.4f}), {s['confidence']:.0%} interval "
+              f"{base_lr:g} (the lr it tried nearest to 1/{s.paper_lr_ratio:g} of it): Δ {p['mean']:+.4f} nats "
+              f"({p['mean'] / base_mean:+.2%} of {baseline}'s {base_mean:.4f}), {s.confidence:.0%} interval "
               f"{interval_text(p)}, {p['n']} pairs." + (f" The paper reports {claim} in this sign (negative: lower "
                                                          "loss)." if claim else "")]
     return lines

@@ -37,13 +37,13 @@ def grid_step(means: dict[float, float | None], s: dict) -> dict:
     best = lowest(means)
     if best is None:
         return {"lr": None, "next": None, "edge": False}
-    tried, grid = sorted(means), s["lrs"]
+    tried, grid = sorted(means), s.lrs
     at_low, at_high = best == tried[0], best == tried[-1]
     step = None
-    if at_low and sum(lr < grid[0] for lr in tried) < s["max_extensions"]:
-        step = best / s["edge_factor"]
-    elif at_high and sum(lr > grid[-1] for lr in tried) < s["max_extensions"]:
-        step = best * s["edge_factor"]
+    if at_low and sum(lr < grid[0] for lr in tried) < s.max_extensions:
+        step = best / s.edge_factor
+    elif at_high and sum(lr > grid[-1] for lr in tried) < s.max_extensions:
+        step = best * s.edge_factor
     return {"lr": best, "next": step, "edge": at_low or at_high}
 
 
@@ -52,8 +52,8 @@ def selection(ended: dict[tuple[str, float, int], float | None], s: dict, arms: 
     means, the selected lr and whether it stayed at an edge. Arms still selecting are absent."""
     out = {}
     for arm in arms:
-        means = lr_means(ended, arm, s["selection_seeds"])
-        if any(lr not in means for lr in s["lrs"]):
+        means = lr_means(ended, arm, s.selection_seeds)
+        if any(lr not in means for lr in s.lrs):
             continue
         step = grid_step(means, s)
         if step["next"] is None:

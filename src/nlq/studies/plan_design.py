@@ -1,0 +1,234 @@
+"""A plan's [design], typed and frozen (Design): the shape, the budgets in tokens per parameter, the seeds, the lr
+rule (one lr for every arm, or a grid with selection seeds and an edge rule: its `kind`), the endpoint and the decision
+rule, the declared secondary family, a sequential test's looks, the cost on paper and the arms borrowed from other
+studies. design_of builds one from a plan file's [design] (plan.py), check_design from what a study.json holds
+(design.read_study); each mistake is a one-line error naming the field. study.json holds Design.to_dict().
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+from nlq.errors import UserError
+
+ENDPOINTS = ("full_val_loss", "val_loss")
+COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int, float), "seeds": list,
+          "primary": list, "secondary": list, "endpoint": str, "confidence": float, "margin": float, "alpha": float,
+          "planning_sd": float}
+FIXED_LR = {"lr": float, "min_lr": float}
+LR_GRID = {"lrs": list, "edge_factor": float, "max_extensions": int, "min_lr_ratio": float, "selection_seeds": list}
+OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_difference": float, "planning_power": float,
+            "looks": list, "spending": str, "stop_for_equivalence": bool,  # a sequential test
+            "gpu": str, "gpu_peak_tflops": float, "mfu": float}  # the cost on paper: GPU-hours at this MFU
+
+
+@dataclass(frozen=True)
+class Design:
+    width: str  # names the runs, e.g. "d64"
+    shape: dict  # {n_layer, n_head, n_embd}
+    budgets_tpp: list  # tokens per non-embedding parameter of the baseline, increasing; one WSD chain reaches each
+    primary_tpp: float
+    seeds: list  # the test seeds, in the order a sequential test looks at them
+    primary: list  # [baseline, method]
+    endpoint: str
+    confidence: float
+    margin: float  # of the equivalence test, nats
+    alpha: float  # of each one-sided test of equivalence
+    planning_sd: float
+    secondary: list = field(default_factory=list)  # arms whose test runs follow the primary arms'
+    lr: float | None = None  # one lr for every arm ("fixed-lr") ...
+    min_lr: float | None = None
+    lrs: list | None = None  # ... or each arm's own from this grid ("lr-grid"), with the edge rule
+    edge_factor: float | None = None
+    max_extensions: int | None = None
+    min_lr_ratio: float | None = None
+    selection_seeds: list | None = None
+    secondary_family: list | None = None  # [arm, baseline] pairs or "interaction"; None: each secondary vs baseline
+    paper_lr_ratio: float | None = None
+    planning_difference: float | None = None  # None: the margin
+    planning_power: float | None = None
+    looks: list | None = None  # a sequential test: the numbers of pairs it looks after
+    spending: str = "obf"
+    stop_for_equivalence: bool = False
+    gpu: str | None = None  # the cost on paper: GPU-hours at this MFU
+    gpu_peak_tflops: float | None = None
+    mfu: float | None = None
+    borrowed: dict | None = None  # arm -> {study, commit}: arms whose runs another committed study made
+
+    @property
+    def kind(self) -> str:
+        """'lr-grid' (each arm selects its lr on the selection seeds) or 'fixed-lr' (one lr for every arm)."""
+        return "lr-grid" if self.lrs is not None else "fixed-lr"
+
+    @property
+    def effect(self) -> float:
+        """The difference the test is powered for: planning_difference, else the margin."""
+        return self.planning_difference if self.planning_difference is not None else self.margin
+
+    def to_dict(self) -> dict:
+        """The design as study.json holds it: every field that is not at its default."""
+        out = {}
+        for f in dataclasses.fields(self):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            value = getattr(self, f.name)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING or value != default:
+                out[f.name] = value
+        return out
+
+
+def design_of(table: dict, arms: list[str], fail, borrowed: dict | None = None) -> Design:
+    """A plan's [design] table, every field checked (fail(field, what) raises), as a Design."""
+    return Design(**_checked(dict(table), arms, fail), **({"borrowed": borrowed} if borrowed else {}))
+
+
+def check_design(recorded, where: str) -> Design:
+    """A study's design as study.json holds it (a plan's [design]), checked as a plan file's design is: a
+    study.json edited by hand is a one-line error naming the field, not a traceback in its report."""
+    def fail(field: str, what: str):
+        raise UserError(f"{where}: {field} {what}; run the study again from its plan to rewrite it")
+
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("primary"), list):
+        fail("design", "is missing or holds no design.primary")
+    arms = [a for a in recorded["primary"] + (recorded.get("secondary") or []) if isinstance(a, str)]
+    design = dict(recorded)
+    borrowed = design.pop("borrowed", None)
+    if borrowed is not None and not (isinstance(borrowed, dict) and set(borrowed) <= set(arms)):
+        fail("design.borrowed", f"is {borrowed!r}; it maps arm names to {{study, commit}}")
+    for arm, value in (borrowed or {}).items():
+        borrow_table(value, f"design.borrowed.{arm}", fail)
+    return design_of(design, arms, fail, borrowed)
+
+
+def _checked(design: dict, arms: list[str], fail) -> dict:
+    grid = "lrs" in design
+    allowed = COMMON | (LR_GRID if grid else FIXED_LR) | OPTIONAL
+    unknown = sorted(set(design) - set(allowed))
+    if unknown:
+        other = "lr and min_lr (one lr for every arm)" if grid else "lrs and its selection fields"
+        fail(f"design.{unknown[0]}", f"is not a field of this design (with{'' if grid else 'out'} an lr grid; "
+                                     f"{other} belong to the other kind); fields: {', '.join(allowed)}")
+    for key, kind in allowed.items():
+        if key not in design:
+            if key in OPTIONAL or key == "secondary":
+                continue
+            fail(f"design.{key}", "is missing")
+        value = design[key]
+        kinds = kind if isinstance(kind, tuple) else (int, float) if kind is float else (kind,)
+        if (isinstance(value, bool) != (kind is bool)) or not isinstance(value, kinds):
+            wanted = kind.__name__ if isinstance(kind, type) and kind is not float else "a number"
+            fail(f"design.{key}", f"is {value!r}; it must be {wanted}")
+    _check_design(design, arms, grid, fail)
+    return design
+
+
+def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
+    def seeds(key):
+        values = d[key]
+        if len(values) < 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in values)\
+                or len(set(values)) < len(values):
+            fail(f"design.{key}", f"is {values!r}; give at least two distinct non-negative integers")
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", d["width"]) or ".." in d["width"]:
+        fail("design.width", f"is {d['width']!r}; it names the runs: give a short label of letters, digits, '.', '_' "
+                             "or '-', such as \"d64\" (no path)")
+    shape = d["shape"]
+    if sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1_000_000 for v in shape.values()):
+        fail("design.shape", f"is {shape!r}; give {{n_layer = L, n_head = H, n_embd = D}} as positive integers")
+    if shape["n_embd"] % shape["n_head"]:
+        fail("design.shape", f"has n_embd = {shape['n_embd']}, not divisible by n_head = {shape['n_head']}; pick "
+                             "n_embd a multiple of n_head")
+    if not d["budgets_tpp"] or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 < b < 1e9
+                                       for b in d["budgets_tpp"]):
+        fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; give positive, finite tokens-per-parameter budgets")
+    ordered = sorted(set(d["budgets_tpp"]))
+    if ordered != d["budgets_tpp"]:
+        fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; list each budget once, in increasing order (each one "
+                                   f"continues the stable run of the one before), e.g. {ordered!r}")
+    if d["primary_tpp"] not in d["budgets_tpp"]:
+        fail("design.primary_tpp", f"is {d['primary_tpp']!r}, not one of design.budgets_tpp {d['budgets_tpp']!r}")
+    seeds("seeds")
+    primary, secondary = d["primary"], d.get("secondary", [])
+    if len(primary) != 2 or len(set(primary)) != 2:
+        fail("design.primary", f"is {primary!r}; give [baseline, method], two arm names")
+    for key, names in (("primary", primary), ("secondary", secondary)):
+        missing = [n for n in names if n not in arms]
+        if missing:
+            fail(f"design.{key}", f"names {missing[0]!r}, which is not an arm ({', '.join(arms)})")
+    unused = [a for a in arms if a not in primary + secondary]
+    if unused or set(primary) & set(secondary):
+        fail("design.secondary", f"must list every arm that is not primary, once ({', '.join(unused) or 'repeated'})")
+    if d["endpoint"] not in ENDPOINTS:
+        fail("design.endpoint", f"is {d['endpoint']!r}; choose {' or '.join(ENDPOINTS)}")
+    for key, low, high in (("confidence", 0, 1), ("alpha", 0, 0.5)):
+        if not low < d[key] < high:
+            fail(f"design.{key}", f"is {d[key]!r}; it must lie in ({low}, {high})")
+    for key in ("margin", "planning_sd", "paper_lr_ratio", "planning_difference"):
+        if key in d and not (d[key] > 0 and math.isfinite(d[key])):
+            fail(f"design.{key}", f"is {d[key]!r}; it must be a finite number > 0")
+    if "planning_power" in d and not 0 < d["planning_power"] < 1:
+        fail("design.planning_power", f"is {d['planning_power']!r}; a power lies in (0, 1), e.g. 0.8")
+    if grid:
+        seeds("selection_seeds")
+        if set(d["selection_seeds"]) & set(d["seeds"]):
+            fail("design.selection_seeds",
+                 "share seeds with design.seeds; the lr is chosen on seeds that are not tested")
+        positive = all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 10 for x in d["lrs"])
+        if not d["lrs"] or not positive or sorted(set(d["lrs"])) != d["lrs"]:
+            fail("design.lrs", f"is {d['lrs']!r}; give strictly increasing positive peak lrs, each once")
+        if not 1 < d["edge_factor"] < 100 or not 0 <= d["max_extensions"] <= 10 or not 0 < d["min_lr_ratio"] <= 1:
+            fail("design", "needs edge_factor in (1, 100), max_extensions in 0..10 and min_lr_ratio in (0, 1]")
+    family = d.get("secondary_family", [])
+    for member in family:
+        ok = member == "interaction" and len(secondary) == 2 or (
+            isinstance(member, list) and len(member) == 2 and all(isinstance(m, str) and m in arms for m in member)
+            and member[0] != member[1])
+        if not ok:
+            fail("design.secondary_family", f"holds {member!r}; give [variant, baseline] pairs of two different "
+                                            "arms, or \"interaction\" (with two secondary arms)")
+    if len({json.dumps(m) for m in family}) < len(family):
+        fail("design.secondary_family", "names a comparison twice; each once")
+    _check_looks(d, fail)
+    cost = [key for key in ("gpu", "gpu_peak_tflops", "mfu") if key in d]
+    if cost and (len(cost) < 3 or not 0 < d["mfu"] <= 1 or not 0 < d["gpu_peak_tflops"] < 1e6):
+        fail("design.mfu", "needs gpu (a name), gpu_peak_tflops (> 0) and mfu (in (0, 1]) together, e.g. gpu = "
+                           "\"H100 SXM\", gpu_peak_tflops = 989, mfu = 0.4")
+    if not grid and not (0 < d["lr"] < 10 and 0 <= d["min_lr"] <= d["lr"]):
+        fail("design", f"needs lr > 0 and 0 <= min_lr <= lr (got {d['lr']!r}, {d['min_lr']!r})")
+
+
+def _check_looks(d: dict, fail) -> None:
+    """A sequential test: `looks` (increasing numbers of test pairs, the last all of design.seeds), `spending` and
+    `stop_for_equivalence` (which mean nothing without looks)."""
+    if "looks" not in d:
+        extra = [key for key in ("spending", "stop_for_equivalence") if key in d]
+        if extra:
+            fail(f"design.{extra[0]}", "belongs to a sequential test; give design.looks too (e.g. looks = [6, 10, 16])")
+        return
+    looks, n = d["looks"], len(d["seeds"])
+    ok = all(isinstance(k, int) and not isinstance(k, bool) for k in looks) and len(looks) >= 2
+    if not ok or looks != sorted(set(looks)) or looks[0] < 3 or looks[-1] != n:
+        fail("design.looks", f"is {looks!r}; give at least two increasing numbers of test pairs, the first at least 3 "
+                             f"and the last {n} (every test seed), e.g. [{max(3, n // 3)}, {n}]")
+    spending = d.get("spending", "obf")
+    rho = spending.split(":", 1)[1] if spending.startswith("power:") else None
+    if spending not in ("obf", "pocock") and not (rho and re.fullmatch(r"\d+(\.\d+)?", rho) and float(rho) > 0):
+        fail("design.spending", f"is {spending!r}; choose obf (O'Brien-Fleming type), pocock or power:RHO (RHO > 0)")
+
+
+COMMIT = re.compile(r"[0-9a-f]{7,40}")
+
+
+def borrow_table(value, field: str, fail) -> dict:
+    """An arm's `borrow = { study = "NAME", commit = "HEX" }`: the committed study whose runs of this arm it reuses
+    (studies/borrow.py), and the commit those runs record."""
+    if not (isinstance(value, dict) and set(value) == {"study", "commit"} and isinstance(value["study"], str)
+            and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value["study"]) and isinstance(value["commit"], str)
+            and COMMIT.fullmatch(value["commit"])):
+        fail(field, f"is {value!r}; give {{ study = \"NAME\", commit = \"HEX\" }}: the committed plan study whose "
+                    "runs of this arm are reused and the commit (7 to 40 hex digits) they were trained at")
+    return dict(value)
