@@ -315,3 +315,17 @@ def test_a_plans_reference_words_its_report_and_is_not_part_of_its_hash(tmp_path
                         ({"paper_claim": 1}, "must be a table of text")):
         with pytest.raises(UserError, match=needle):
             read_plan(raw | {"reference": bad})
+
+
+def test_every_shipped_plans_design_round_trips_through_study_json():
+    """A plan's Design is typed and frozen; study.json holds its to_dict(), which reads back as the same Design."""
+    import dataclasses
+
+    from nlq.studies.plan_design import check_design
+
+    for name, path in shipped_plans().items():
+        design = load_plan(path).design
+        assert check_design(json.loads(json.dumps(design.to_dict())), name) == design, name
+        assert design.kind == ("lr-grid" if design.lrs is not None else "fixed-lr")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            design.margin = 1.0
