@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from nlq.config import RunConfig, update
+from nlq.config import SECTIONS, RunConfig, update
 from nlq.data.labelled import SOURCES as LABELLED
 from nlq.data.labelled import is_labelled
 from nlq.errors import ConfigError, UserError
@@ -28,7 +28,6 @@ SHIPPED = Path(__file__).resolve().parent.parent / "plans"
 TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design", "reference"}
 REFERENCE = {"no_effect_words": "the words of an equivalence shown, e.g. \"no effect of the paper's size\"",
              "paper_claim": "the paper's reported change in Δ's sign, e.g. \"-1.24% to -2.40%\""}
-SECTIONS = ("model", "data", "train", "dist")
 
 
 @dataclass(frozen=True)
