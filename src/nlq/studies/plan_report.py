@@ -1,10 +1,11 @@
 """The report of a pre-registered plan (`nlq report STUDY` on a study of plans/*.toml; engine.py runs it): the
 design in words, for an lr-grid plan the selection (every arm at every lr tried, the lr curve) and its declared
 illustrations, then the pre-registered test once every registered pair has ended (never an endpoint before), the
-declared secondary comparisons Holm-adjusted as one family, the plots, results.csv and verdict.json. Sign convention
-everywhere: Δ = variant - baseline in nats (positive = worse), and a percentage beside it is Δ / baseline's loss,
-with the same sign. This module holds the two flows (one lr for every arm, an lr grid); their parts are
-plan_selection.py (the selection), plan_sections.py (the test and its family) and plan_plots.py (the plots).
+declared secondary comparisons Holm-adjusted as one family, the plots, results.csv and result.json (verdict.json
+too). Sign convention everywhere: Δ = variant - baseline in nats (positive = worse), and a percentage beside it is
+Δ / baseline's loss, with the same sign. This module holds the two flows (one lr for every arm, an lr grid); their
+parts are plan_selection.py (the selection), plan_sections.py (the test and its family) and plan_plots.py (the
+plots).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from nlq.studies.plan_selection import (
 )
 from nlq.studies.selection import selection
 from nlq.studies.stats import decide, mean_std
-from nlq.studies.tables import load_summaries, markdown_table, write_runs_csv
+from nlq.studies.tables import load_summaries, markdown_table, write_result, write_runs_csv
 from nlq.studies.wsd import flops_per_token
 
 
@@ -133,8 +134,11 @@ def running_text(study_dir: Path, s: dict) -> str:
 
 
 def write_outcome(study_dir: Path, lines: list[str], outcome: dict) -> str:
+    """report.md, and its numbers as result.json, as every report writes them (and as verdict.json, the name the
+    committed plan studies and scripts/publish_verdict.py read)."""
     markdown = "\n".join(lines)
     write_json(study_dir / "verdict.json", outcome)
+    write_result(study_dir / "result.json", outcome)
     atomic_write(study_dir / "report.md", markdown)
     return markdown
 
