@@ -41,7 +41,7 @@ def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[
         arms = [v for v in study.arms if lrs.get(v.name) and v.name not in borrowed_arms(s)]
         arms = arms if i % 2 == 0 else arms[::-1]
         for lr in sorted({lr for v in arms for lr in lrs[v.name]}):
-            min_lr = lr * s.min_lr_ratio if s.kind == "lr-grid" else s.min_lr
+            min_lr = s.min_lr_at(lr)
             for arm in (v for v in arms if lr in lrs[v.name]):
                 levels = wsd_chain(study, arm, seed, study_dir, width=s.width, shape=s.shape,
                                    budgets_tpp=s.budgets_tpp, lr=lr, min_lr=min_lr,
@@ -112,6 +112,18 @@ def selected_lrs(study: Study, study_dir: Path):
     return chosen
 
 
+def registered_lr(study: Study, study_dir: Path):
+    """A fixed-lr plan's lr rule: every arm at the registered lr, no stage before the test (a generator, as every
+    rule of LR_RULES is, that yields nothing)."""
+    yield from ()
+    return {v.name: study.design.lr for v in study.arms}
+
+
+# A plan's lr rule by its kind (plan_design.Design.kind): the stages before the test, returning each arm's lr. A new
+# kind of plan is a Design kind (its fields, plan_design.KIND_FIELDS), a rule here and a report flow in plan_report.
+LR_RULES = {"fixed-lr": registered_lr, "lr-grid": selected_lrs}
+
+
 def sequential_test(study: Study, study_dir: Path, lrs: dict[str, list[float]]):
     """The primary arms' test chains look by look (design.looks, in the registered seed order); after each look has
     ended, the statistic (sequential.look) on its pairs, recorded in study_dir/sequential.json; at a crossed bound
@@ -176,11 +188,7 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     s = study.design
     arms = [v for v in study.arms if v.name not in borrowed_arms(s)]
     per_chain = chain_tokens(update(study.base, {"model": s.shape}), s.shape, s.budgets_tpp)
-    stages = [("test", len(arms) * len(s.seeds))]
-    if s.kind == "lr-grid":
-        selection = len(s.selection_seeds)
-        stages = [("selection", len(arms) * len(s.lrs) * selection),
-                  ("edge extensions at most", len(arms) * 2 * s.max_extensions * selection)] + stages
+    stages = s.selection_chains(len(arms)) + [("test", len(arms) * len(s.seeds))]
     chains = sum(n for _, n in stages)
     parts = "; ".join(f"{name} {n} chains ({n * per_chain / 1e9:.2f}G tokens)" for name, n in stages)
     text = (f"whole plan, every stage: {parts}; at most {chains} chains, {chains * per_chain / 1e9:.2f}G tokens "
@@ -296,10 +304,7 @@ def plan_study(plan: Plan) -> Study:
 
     def stages(study_dir: Path):
         borrowed_records(study_dir, {"design": s, "plan": plan.raw})  # a borrowed arm must be the same experiment
-        if s.kind == "lr-grid":
-            chosen = yield from selected_lrs(study, study_dir)
-        else:
-            chosen = {v.name: s.lr for v in plan.arms}
+        chosen = yield from LR_RULES[s.kind](study, study_dir)
         tested = s.seeds
         for group in (s.primary, s.secondary):  # the primary arms' test runs first
             lrs = {arm: [chosen[arm]] for arm in group if chosen[arm] is not None}  # an arm out of every lr: no test

@@ -21,6 +21,7 @@ COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int,
           "planning_sd": float}
 FIXED_LR = {"lr": float, "min_lr": float}
 LR_GRID = {"lrs": list, "edge_factor": float, "max_extensions": int, "min_lr_ratio": float, "selection_seeds": list}
+KIND_FIELDS = {"fixed-lr": FIXED_LR, "lr-grid": LR_GRID}  # a kind's own fields (Design.kind; engine.LR_RULES)
 OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_difference": float, "planning_power": float,
             "looks": list, "spending": str, "stop_for_equivalence": bool,  # a sequential test
             "gpu": str, "gpu_peak_tflops": float, "mfu": float}  # the cost on paper: GPU-hours at this MFU
@@ -64,6 +65,18 @@ class Design:
         """'lr-grid' (each arm selects its lr on the selection seeds) or 'fixed-lr' (one lr for every arm)."""
         return "lr-grid" if self.lrs is not None else "fixed-lr"
 
+    def min_lr_at(self, lr: float) -> float:
+        """A run's min lr at peak lr: lr x min_lr_ratio on a grid (each arm's own lr), else the registered min_lr."""
+        return lr * self.min_lr_ratio if self.kind == "lr-grid" else self.min_lr
+
+    def selection_chains(self, arms: int) -> list[tuple[str, int]]:
+        """The chains the lr rule trains before the test, (stage, at most this many), for this many arms trained."""
+        if self.kind == "fixed-lr":
+            return []
+        seeds = len(self.selection_seeds)
+        return [("selection", arms * len(self.lrs) * seeds),
+                ("edge extensions at most", arms * 2 * self.max_extensions * seeds)]
+
     @property
     def effect(self) -> float:
         """The difference the test is powered for: planning_difference, else the margin."""
@@ -105,7 +118,7 @@ def check_design(recorded, where: str) -> Design:
 
 def _checked(design: dict, arms: list[str], fail) -> dict:
     grid = "lrs" in design
-    allowed = COMMON | (LR_GRID if grid else FIXED_LR) | OPTIONAL
+    allowed = COMMON | KIND_FIELDS["lr-grid" if grid else "fixed-lr"] | OPTIONAL
     unknown = sorted(set(design) - set(allowed))
     if unknown:
         other = "lr and min_lr (one lr for every arm)" if grid else "lrs and its selection fields"

@@ -53,7 +53,7 @@ def build_plan_report(study_dir: Path, study: dict) -> str:
         missing = sorted(set(named) - arms)
         raise UserError(f"{study_dir / 'study.json'}: its design names arm {missing[0]!r}, which is none of its arms "
                         f"({', '.join(sorted(arms))}); run the study again from its plan to rewrite it")
-    return grid_report(study_dir, study) if study["design"].kind == "lr-grid" else one_lr_report(study_dir, study)
+    return FLOWS[study["design"].kind](study_dir, study)
 
 
 # ---- a plan with one lr for every arm ---------------------------------------------------------------------------
@@ -263,3 +263,4 @@ def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
     return [""] + markdown_table(header, rows)
 
 
+FLOWS = {"fixed-lr": one_lr_report, "lr-grid": grid_report}  # a plan's report by its kind (engine.LR_RULES)
