@@ -133,6 +133,11 @@ class Run:
         lr = f"-lr{self.lr:g}" if self.lr is not None and self.lr_in_name else ""
         return f"{self.tag + '-' if self.tag else ''}{self.arm.name}{lr}-s{self.seed}{self.suffix}"
 
+    def record(self, lr: float | None) -> dict:
+        """What study.json records of this run, lr its config's: name, arm, seed, lr, labels, and its chain's name."""
+        return ({"name": self.name, "arm": self.arm.name, "seed": self.seed, "lr": lr, **self.labels}
+                | ({"chain": self.chain} if self.chain != self.name else {}))
+
     def config(self, overrides: list[str], data_dir: Path) -> RunConfig:
         config = update(self.study.base, self.arm.changes)
         train = {"seed": self.seed}

@@ -24,7 +24,7 @@ from nlq.fileio import read_json, write_json
 from nlq.model import Transformer
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
-from nlq.studies.design import Run, Study, read_study
+from nlq.studies.design import Run, Study
 from nlq.studies.plan import Plan
 from nlq.studies.selection import grid_step, lr_means
 from nlq.studies.sequential import look, operating, spending_bounds
@@ -55,6 +55,12 @@ def run_records(study_dir: Path, study: dict) -> list[dict]:
     return study.get("runs", []) + borrowed_records(study_dir, study)
 
 
+def records_of(study: Study, runs: list[Run]) -> dict:
+    """The study as endpoints() reads it, from runs this process asked for (their records as study.json holds them),
+    with its design and plan (for the arms it borrows)."""
+    return {"design": study.design, "plan": study.plan, "runs": [r.record(r.lr) for r in runs]}
+
+
 def run_dir_of(study_dir: Path, record: dict) -> Path:
     return Path(record["dir"]) if "dir" in record else study_dir / "runs" / record["name"]
 
@@ -82,12 +88,13 @@ def selected_lrs(study: Study, study_dir: Path):
     """The stages of a grid plan's selection, one at a time; its return value (what `yield from` gives) is each
     arm's selected lr."""
     s, arms = study.design, [v.name for v in study.arms]
+    trained = chains(study, study_dir, s.selection_seeds, {arm: s.lrs for arm in arms})
 
-    def means() -> dict[str, dict]:
-        ended = endpoints(study_dir, read_study(study_dir), s.selection_seeds)
+    def means() -> dict[str, dict]:  # from the runs this selection trained (as study.json records them)
+        ended = endpoints(study_dir, records_of(study, trained), s.selection_seeds)
         return {arm: lr_means(ended, arm, s.selection_seeds) for arm in arms}
 
-    yield chains(study, study_dir, s.selection_seeds, {arm: s.lrs for arm in arms})
+    yield trained
     asked = set()
     while True:  # the edge rule: one more lr per arm at an edge, stage by stage, until no arm asks for one
         now = means()
@@ -103,7 +110,9 @@ def selected_lrs(study: Study, study_dir: Path):
         if not more:
             break
         asked |= {(arm, lr[0]) for arm, lr in more.items()}
-        yield chains(study, study_dir, s.selection_seeds, more)
+        extension = chains(study, study_dir, s.selection_seeds, more)
+        trained += extension
+        yield extension
     chosen = {arm: grid_step(now[arm], s)["lr"] for arm in arms}
     if any(chosen[arm] is None for arm in s.primary):
         out = [arm for arm in s.primary if chosen[arm] is None]
@@ -130,11 +139,12 @@ def sequential_test(study: Study, study_dir: Path, lrs: dict[str, list[float]]):
     no further test chain is trained (every shard computes the same from the same endpoints). Its return value (what
     `yield from` gives) is the seeds the test used, on which the secondary arms then train."""
     s, (baseline, method) = study.design, study.design.primary
-    done = 0
+    done, trained = 0, []
     for k, n in enumerate(s.looks):
-        yield chains(study, study_dir, s.seeds[done:n], lrs)
+        trained += (look_runs := chains(study, study_dir, s.seeds[done:n], lrs))
+        yield look_runs
         done, seeds = n, s.seeds[:n]
-        ended = endpoints(study_dir, read_study(study_dir), seeds)
+        ended = endpoints(study_dir, records_of(study, trained), seeds)
         values = {(arm, seed): v for (arm, lr, seed), v in ended.items() if lr in lrs.get(arm, [])}
         if any((arm, seed) not in values for arm in (baseline, method) for seed in seeds):
             raise UserError(f"the test runs of look {k + 1} of {study.name} have not all ended; run the study again "

@@ -77,8 +77,7 @@ def run_study(study: Study, study_dir: str | Path, overrides: list[str] | None =
     for number, stage in enumerate(study.run_stages(study_dir), start=1):
         frozen.check_overrides(study, stage, overrides)
         configs = [r.config(overrides, data) for r in stage]  # validate every run before the first starts
-        recorded += [{"name": r.name, "arm": r.arm.name, "seed": r.seed, "lr": c.train.lr, **r.labels}
-                     | ({"chain": r.chain} if r.chain != r.name else {}) for r, c in zip(stage, configs)]
+        recorded += [r.record(c.train.lr) for r, c in zip(stage, configs)]
         own = frozen.frozen_own_code(study_dir, [c.model for c in configs])  # the user's own projections, by hash
         described = study.describe() | {"overrides": overrides, "data_dir": str(Path(data).resolve()) if data else None,
                                         "data_meta": _data_meta(data) if data else None,
