@@ -80,7 +80,7 @@ ALIASES = {"model.projections.q": "model.query"}  # two names of one field
 
 
 def check_overrides(study, runs: list, overrides: list[str]) -> None:
-    """A command-line override of a field the study sets per arm or per run (its design: the query of each variant,
+    """A command-line override of a field the study sets per arm or per run (its design: the query of each arm,
     the swept lrs, the seeds, a budget's steps) would silently overrule it while the run names still say otherwise:
     a one-line error naming the field. Fields the study leaves alone may be overridden (they are recorded)."""
     designed = set()

@@ -201,7 +201,7 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
             isinstance(member, list) and len(member) == 2 and all(isinstance(m, str) and m in arms for m in member)
             and member[0] != member[1])
         if not ok:
-            fail("design.secondary_family", f"holds {member!r}; give [variant, baseline] pairs of two different "
+            fail("design.secondary_family", f"holds {member!r}; give [arm, baseline] pairs of two different "
                                             "arms, or \"interaction\" (with two secondary arms)")
     if len({json.dumps(m) for m in family}) < len(family):
         fail("design.secondary_family", "names a comparison twice; each once")

@@ -25,7 +25,7 @@ def median(values: list[float]) -> float:
 
 
 def paired_difference(arm: list[float], baseline: list[float], confidence: float = 0.95) -> dict:
-    """Mean of per-seed differences (variant - baseline) with a two-sided t interval, its p value against 0 and
+    """Mean of per-seed differences (arm - baseline) with a two-sided t interval, its p value against 0 and
     a verdict ('better': the interval lies below 0, 'worse': above, else 'within noise')."""
     d = np.asarray(arm, dtype=float) - np.asarray(baseline, dtype=float)
     n = len(d)
@@ -98,7 +98,7 @@ VERDICTS = {
 
 def decide(differences: list[float], margin: float, confidence: float = 0.95, alpha: float = 0.05,
            method: str = "nonlinear", equivalent_words: str | None = None) -> dict:
-    """The pre-registered decision on paired differences (variant - baseline): the confidence interval below 0
+    """The pre-registered decision on paired differences (arm - baseline): the confidence interval below 0
     is 'better', above 0 'worse'; otherwise equivalence within +-margin (TOST at alpha) is 'equivalent'
     (equivalent_words say it, VERDICTS' by default); else 'inconclusive'. Returns the interval, the equivalence
     test, the verdict key and its words."""

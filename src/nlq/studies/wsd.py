@@ -1,4 +1,4 @@
-"""Token budgets as warmup-stable-decay branches: one stable run per (variant, seed), in segments that end where
+"""Token budgets as warmup-stable-decay branches: one stable run per (arm, seed), in segments that end where
 each budget's cooldown starts, and from each segment's last checkpoint that budget's cooldown. A budget then
 costs only its cooldown beyond the longest stable run; tests/test_training.py checks that a branch equals a
 straight run of the same budget bitwise."""
@@ -48,7 +48,7 @@ def _model_config(model: str):
 
 
 def budget_steps(config: RunConfig, shape: dict, tpp: float) -> int:
-    """Steps for tpp tokens per non-embedding parameter of the linear model of this shape (every variant of a
+    """Steps for tpp tokens per non-embedding parameter of the linear model of this shape (every arm of a
     shape gets the same tokens)."""
     linear = update(config, {"model": dict(shape, query="linear", mlp_ratio=4.0)})
     return max(1, round(tpp * non_embedding_parameters(linear) / step_tokens(config)))
@@ -62,7 +62,7 @@ def step_tokens(config: RunConfig) -> int:
 def wsd_chain(study: Study, arm: Arm, seed: int, study_dir: Path, *, width: str, shape: dict,
               budgets_tpp: list[float], lr: float, min_lr: float, branch: dict | None = None,
               lr_in_name: bool = False) -> list[list[Run]]:
-    """The runs of one (variant, seed), level by level: a level is the stable segment up to a budget's cooldown
+    """The runs of one (arm, seed), level by level: a level is the stable segment up to a budget's cooldown
     (none for a budget too short to have one) and that budget's branch; the levels must run in order, in one
     process (the runs share the chain of the stable run). branch: more changes for the branches. lr_in_name:
     the runs' names carry the lr (for studies with chains of one variant and seed at several lrs)."""
