@@ -164,6 +164,7 @@ def test_reading_a_plan_and_writing_a_report_never_import_the_trainer():
             "print(sorted(m for m in sys.modules if m == 'nlq.training' or m.startswith('nlq.training.')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", loaded
-    code = "import sys, nlq.studies.plan_design; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    code = ("import sys, nlq.studies.plan_design, nlq.studies.design; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "[]", f"the typed design imports {loaded}"  # a plan's design is data: no torch
+    assert loaded == "[]", f"the design as data imports {loaded}"  # arms, runs and a plan's design: no torch

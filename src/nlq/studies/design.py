@@ -1,7 +1,7 @@
 """A study's design as data: its arms (Arm), the corpus it prepares (DataSpec), the study (Study, with the design
 its plan fixes) and each run it asks for (Run), with the hash that freezes a plan, the field where two plans differ,
-and the reader of study.json (read_study: older files' keys read as today's). Nothing here trains or imports the
-trainer: reading a plan, dry-running it and writing its report need only this (study.py runs it).
+and the reader of study.json (read_study: older files' keys read as today's). Nothing here trains, or imports the
+trainer or torch: reading a plan, dry-running it and writing its report need only this (study.py runs it).
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nlq.config import RunConfig, update
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.overrides import apply_overrides
 from nlq.studies.plan_design import Design, check_design
+
+if TYPE_CHECKING:  # this module is data and loads without torch; a run's config is built in Run.config
+    from nlq.config import RunConfig
 
 WORDING = "reference"  # a plan's [reference] table: how its report words an outcome, not what the study runs
 
@@ -139,6 +141,9 @@ class Run:
                 | ({"chain": self.chain} if self.chain != self.name else {}))
 
     def config(self, overrides: list[str], data_dir: Path) -> RunConfig:
+        from nlq.config import update  # the config machinery (its projection registry imports torch), when used
+        from nlq.overrides import apply_overrides
+
         config = update(self.study.base, self.arm.changes)
         train = {"seed": self.seed}
         if self.lr is not None:
