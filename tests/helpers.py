@@ -81,7 +81,7 @@ def fake_training(monkeypatch, summary=None) -> list:
     return trained
 
 
-def two_variant_study(config, name="tiny", seeds=(1, 2), description="two variants"):
+def two_arm_study(config, name="tiny", seeds=(1, 2), description="two arms"):
     """linear and nonlinear on one config, data from the config's data.dir (the byte data in tests)."""
     from nlq.studies.design import Arm, DataSpec, Study
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import assert_wrapped_run_matches_plain, tiny_run_config, two_variant_study
+from helpers import assert_wrapped_run_matches_plain, tiny_run_config, two_arm_study
 from nlq.runs.metrics import read_metrics
 from nlq.training.trainer import train
 
@@ -127,7 +127,7 @@ def test_study_runs_each_run_under_torchrun(byte_data, tmp_path):
     from nlq.studies.study import run_study
 
     config = tiny_run_config(byte_data, max_steps=2, batch_size=4, batch_tokens=256, eval_every=2)
-    study = two_variant_study(apply_overrides(config, ["--dist.nproc=2"]), "dist", seeds=[1],
+    study = two_arm_study(apply_overrides(config, ["--dist.nproc=2"]), "dist", seeds=[1],
                               description="two variants under torchrun")
     run_study(study, tmp_path, data_dir=str(byte_data), log=lambda *_: None)
     for name in ("linear-s1", "nonlinear-s1"):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import TASK, fake_training, one_line_error, task_study, tiny_run_config, two_variant_study
+from helpers import TASK, fake_training, one_line_error, task_study, tiny_run_config, two_arm_study
 from nlq.studies.design import Arm
 from nlq.studies.dry_run import dry_run_text
 from nlq.studies.registry import build_report, get_study
@@ -21,7 +21,7 @@ TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", 
 
 
 def tiny_study(byte_data, seeds=(1, 2)):
-    return two_variant_study(tiny_run_config(byte_data, max_steps=4, eval_every=2, checkpoint_every=2), seeds=seeds)
+    return two_arm_study(tiny_run_config(byte_data, max_steps=4, eval_every=2, checkpoint_every=2), seeds=seeds)
 
 
 @pytest.mark.slow

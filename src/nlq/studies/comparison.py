@@ -1,11 +1,11 @@
 """The comparison studies (`cpu`, the main job of `nlq reproduce`; `cpu-lr`, `encoder`, `kvo`, `paper`): variants x
 seeds (x peak lrs) on one budget, and their report.
 
-The report: per variant its non-embedding parameters (and % vs baseline), final val loss mean and std over
-seeds, perplexity, relative change vs baseline in log-loss and perplexity ((variant - base) / base: positive is
+The report: per arm its non-embedding parameters (and % vs baseline), final val loss mean and std over
+seeds, perplexity, relative change vs baseline in log-loss and perplexity ((arm - base) / base: positive is
 worse), tokens/s; paired differences vs the baseline over seeds, with 95% t intervals, Holm-adjusted over the
-variants; parameter equivalence (val loss against log(non-embedding parameters) over the baseline width family); plots
-val_curves.png, loss_vs_params.png and paired_curves.png. With several peak lrs, each variant is compared at
+arms; parameter equivalence (val loss against log(non-embedding parameters) over the baseline width family); plots
+val_curves.png, loss_vs_params.png and paired_curves.png. With several peak lrs, each arm is compared at
 its own best (lowest mean val loss).
 """
 
@@ -28,7 +28,7 @@ from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdic
 from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
 
 
-def _paper_variants(mlp: bool = True) -> list[Arm]:
+def _paper_arms(mlp: bool = True) -> list[Arm]:
     arms = [
         LINEAR, NONLINEAR, IDENTITY, RESIDUAL,
     ]
@@ -57,13 +57,13 @@ WIDTH_FAMILY = ["linear", "linear-mlp4.5", "linear-mlp4.75"]
 
 def cpu() -> Study:
     return Study("cpu", "the paper's comparison at CPU scale: 6 variants x 3 seeds on Shakespeare",
-                 cpu_base(), _paper_variants(), seeds=[1, 2, 3], data=CPU_DATA, width_family=WIDTH_FAMILY)
+                 cpu_base(), _paper_arms(), seeds=[1, 2, 3], data=CPU_DATA, width_family=WIDTH_FAMILY)
 
 
 def cpu_lr() -> Study:
     base = update(cpu_base(), {"train": {"max_steps": 300, "warmup_steps": 30, "eval_every": 100,
                                          "checkpoint_every": 100}})
-    arms = _paper_variants() + [
+    arms = _paper_arms() + [
         Arm("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
     ]
     return Study("cpu-lr",
@@ -75,7 +75,7 @@ def encoder() -> Study:
     """The W_Q absorption argument holds for any mask; here the encoder, trained with masked LM."""
     base = update(cpu_base(), {"model": {"causal": False, "vocab_size": 2112},  # bpe:2048 + mask token
                                "train": {"objective": "mlm"}})
-    arms = [v for v in _paper_variants(mlp=False) if v.name in ("linear", "nonlinear", "identity")]
+    arms = [v for v in _paper_arms(mlp=False) if v.name in ("linear", "nonlinear", "identity")]
     return Study("encoder", "masked-LM encoder on Shakespeare: linear vs nonlinear vs identity query",
                  base, arms, seeds=[1, 2, 3], data=CPU_DATA)
 

@@ -79,7 +79,7 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     ended = test_seeds(study_dir, s)  # a sequential test: the seeds up to the look where it ended (None: running)
     tested = ended or seeds
     pairs = pairs_of(loss, baseline, method, tested, primary_tpp, s.endpoint)
-    finished = {method: len(pairs)}  # the primary variant first: scripts/publish_verdict.py reads it so
+    finished = {method: len(pairs)}  # the primary arm first: scripts/publish_verdict.py reads it so
     finished |= {v: len(pairs_of(loss, baseline, v, seeds, primary_tpp, s.endpoint)) for v in s.secondary}
     outcome = {"registered_pairs": len(seeds), "finished_pairs": finished}
     if ended is None:

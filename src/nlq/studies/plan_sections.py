@@ -193,7 +193,7 @@ def reading(p: dict, p_holm: float, s: dict) -> str:
 
 def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list[dict]]:
     """The declared secondary family on the test seeds (design.secondary_family; without it, each secondary arm
-    against the baseline), Holm-adjusted together once every test seed has all its arms: [variant, baseline] pairs
+    against the baseline), Holm-adjusted together once every test seed has all its arms: [arm, baseline] pairs
     and "interaction": with two secondary arms [baseline', method'] beside the primary [baseline, method],
     (method' - baseline') - (method - baseline); in verdict-lr, the query effect with QK-norm minus without."""
     if not s.secondary:

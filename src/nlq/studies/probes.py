@@ -1,7 +1,7 @@
 """`nlq study probes`: where can a nonlinear query matter? Synthetic recall and algorithmic tasks (data/tasks.py),
 generated on the fly, across widths and difficulty: linear, nonlinear, identity and the +12.5% MLP baseline,
 3 seeds, 2-layer models. The report gives held-out accuracy on the answer positions (and loss) per
-(task, width), paired differences vs linear with 95% intervals, and accuracy against width per variant.
+(task, width), paired differences vs linear with 95% intervals, and accuracy against width per arm.
 The tasks, widths and the "solved" threshold are the study's design, written to study.json.
 """
 
@@ -21,7 +21,7 @@ from nlq.studies.plots import plot_probe_accuracy, plot_probe_curves
 from nlq.studies.stats import holm, holm_verdicts, mean_std, median, paired_difference
 from nlq.studies.tables import load_summaries, markdown_table, write_result, write_runs_csv
 
-VARIANTS = [LINEAR, NONLINEAR, IDENTITY, MLP_4_75]
+ARMS = [LINEAR, NONLINEAR, IDENTITY, MLP_4_75]
 # name -> task, keys/values per vocabulary, pairs to hold, example length, widths. Sized on 2 CPU cores
 # (docs/RESULTS.md has the calibration): recall needs a 2-layer induction circuit, which appears after a long
 # plateau, so the recall tasks are small and the runs long enough for the transition; difficulty grows with the
@@ -75,7 +75,7 @@ def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD, curve: dict[int,
 
 def probes(tasks: dict | None = None, seeds: list[int] | None = None) -> Study:
     study = Study("probes", "mechanism probes: MQAR, lookup recall, selective copy; 4 variants x widths x 3 seeds",
-                  base(), VARIANTS, seeds=list(seeds or SEEDS), data=DataSpec("task", "none"), report="probes",
+                  base(), ARMS, seeds=list(seeds or SEEDS), data=DataSpec("task", "none"), report="probes",
                   design={"tasks": tasks or TASKS, "threshold": THRESHOLD})
     study.stages = lambda study_dir: iter([probe_runs(study)])
     return study

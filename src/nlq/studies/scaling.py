@@ -3,12 +3,12 @@
 
 The paper trains 85M non-embedding parameters on ~350 tokens per parameter; the `cpu` study trains 0.8M on
 ~1.5. This study fills the axis between: widths d 64 and d 128 at 2 layers each (width is the only thing
-that changes; a 4-layer d 128 would cost 3.5x the CPU time for its 20 tokens per parameter), variants linear,
+that changes; a 4-layer d 128 would cost 3.5x the CPU time for its 20 tokens per parameter), arms linear,
 nonlinear and linear-mlp4.75 (+12.5% parameters), 3 seeds, on the `pypkg` corpus (Python source of the
 installed packages, 46M train tokens with bpe:2048, so no budget repeats a token).
 
-Stage 1, lr sweep: each (width, variant) at three peak lrs, one seed, a short budget; the lowest val loss
-picks the variant's lr for stage 2 (the report says whether the best lr differs between variants).
+Stage 1, lr sweep: each (width, arm) at three peak lrs, one seed, a short budget; the lowest val loss
+picks the arm's lr for stage 2 (the report says whether the best lr differs between arms).
 Stage 2, budgets: warmup-stable-decay branches (wsd.py), the last 20% of each budget a 1 - sqrt cooldown.
 The widths, budgets, lrs and seeds are the study's design, written to study.json; the report reads them there.
 """
@@ -31,7 +31,7 @@ from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.tables import interval_text, load_summaries, markdown_table, write_result, write_runs_csv
 from nlq.studies.wsd import budget_steps, wsd_chain
 
-VARIANTS = [LINEAR, NONLINEAR, MLP_4_75]
+ARMS = [LINEAR, NONLINEAR, MLP_4_75]
 # width -> model shape, budgets in tokens per non-embedding parameter, lrs to sweep, the sweep's budget
 WIDTHS = {
     "d64": {"shape": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "budgets": [2, 5, 10, 20, 50, 100, 300],
@@ -78,7 +78,7 @@ def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
 def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float],
                 budgets_by_width: dict[str, list[float]]) -> list[Run]:
     """Per (width, seed, variant) a WSD chain (wsd.py). Budget-major order: every chain reaches a budget before
-    any goes on to the next, so a study cut short has all seeds and variants of its smaller budgets (each chain's
+    any goes on to the next, so a study cut short has all seeds and arms of its smaller budgets (each chain's
     runs stay in order)."""
     chains = []
     for width, budgets in budgets_by_width.items():
@@ -95,7 +95,7 @@ def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float]
 def scaling(widths: dict | None = None, seeds: list[int] | None = None) -> Study:
     widths = widths or WIDTHS
     study = Study("scaling", "the nonlinear query's effect against tokens per parameter and width (WSD branches)",
-                  base(), VARIANTS, seeds=list(seeds or SEEDS), data=DATA, report="scaling",
+                  base(), ARMS, seeds=list(seeds or SEEDS), data=DATA, report="scaling",
                   design={"widths": widths, "sweep_seed": 1})
 
     def stages(study_dir: Path):
@@ -124,7 +124,7 @@ def scaling_shared_lr(widths: dict | None = None, seeds: list[int] | None = None
     and nonlinear share one peak lr, with the same budgets, seeds, corpus and WSD branches as `scaling`."""
     widths = widths or {w: dict(WIDTHS[w], budgets=b) for w, b in SHARED_LR_BUDGETS.items()}
     study = Study("scaling-shared-lr", f"the scaling study's d64 budgets with linear and nonlinear at one peak lr "
-                  f"({SHARED_LR:g}): is the trend the query's or the lr's?", base(), VARIANTS[:2],
+                  f"({SHARED_LR:g}): is the trend the query's or the lr's?", base(), ARMS[:2],
                   seeds=list(seeds or SEEDS), data=DATA, report="scaling", design={"widths": widths, "lr": SHARED_LR})
 
     def stages(study_dir: Path):
