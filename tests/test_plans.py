@@ -194,7 +194,7 @@ def test_a_users_tiny_lr_grid_plan_selects_then_tests_and_its_report_shows_both(
     raw = tomllib.loads(plan.read_text())
     del raw["design"]["lr"], raw["design"]["min_lr"]
     plan.write_text(to_toml(raw))
-    assert load_plan(plan).kind == "lr-grid"
+    assert load_plan(plan).design.kind == "lr-grid"
     out = tmp_path / "study"
     main(["study", str(plan), "--out", str(out), "--data", str(byte_data)])
     report = (out / "report.md").read_text()
@@ -256,8 +256,8 @@ def test_a_missing_or_broken_plan_file_is_one_line(tmp_path):
     with pytest.raises(UserError, match="cannot parse plan"):
         load_plan(tmp_path / "bad.toml")
     shutil.copy(SHIPPED / "example.toml", tmp_path / "ok.toml")
-    assert load_plan(tmp_path / "ok.toml").kind == "fixed-lr"
-    assert load_plan(SHIPPED / "verdict-lr.toml").kind == "lr-grid"
+    assert load_plan(tmp_path / "ok.toml").design.kind == "fixed-lr"
+    assert load_plan(SHIPPED / "verdict-lr.toml").design.kind == "lr-grid"
 
 
 def test_the_dry_run_says_what_the_test_pairs_buy_at_the_planning_sd(tmp_path, capsys):

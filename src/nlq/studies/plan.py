@@ -40,10 +40,6 @@ class Plan:
     design: Design  # what the plan fixes (study.json holds its to_dict())
     raw: dict  # the whole file as parsed: what is frozen
 
-    @property
-    def kind(self) -> str:
-        return self.design.kind
-
 
 def reference_of(study: dict) -> dict:
     """The [reference] wording of a plan study (study.json): its frozen plan's, or, for a study frozen before plans
