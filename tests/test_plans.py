@@ -327,5 +327,8 @@ def test_every_shipped_plans_design_round_trips_through_study_json():
         design = load_plan(path).design
         assert check_design(json.loads(json.dumps(design.to_dict())), name) == design, name
         assert design.kind == ("lr-grid" if design.lrs is not None else "fixed-lr")
+        assert design["seeds"] == design.seeds and dict(design) == design.to_dict() == design  # the mapping view
+        assert ("looks" in design) == (design.looks is not None)
+        assert design.get("spending") == (None if design.spending == "obf" else design.spending)  # defaults left out
         with pytest.raises(dataclasses.FrozenInstanceError):
             design.margin = 1.0

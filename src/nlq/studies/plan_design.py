@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nlq.errors import UserError
@@ -27,8 +28,11 @@ OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_differe
             "gpu": str, "gpu_peak_tflops": float, "mfu": float}  # the cost on paper: GPU-hours at this MFU
 
 
-@dataclass(frozen=True)
-class Design:
+@dataclass(frozen=True, eq=False)
+class Design(Mapping):
+    """Read by attribute; also a read-only mapping of to_dict() (design["seeds"], "looks" in design), the view that
+    study.json, scripts and code written against the design as a dict see."""
+
     width: str  # names the runs, e.g. "d64"
     shape: dict  # {n_layer, n_head, n_embd}
     budgets_tpp: list  # tokens per non-embedding parameter of the baseline, increasing; one WSD chain reaches each
@@ -91,6 +95,25 @@ class Design:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING or value != default:
                 out[f.name] = value
         return out
+
+    def __getitem__(self, key: str):
+        return self.to_dict()[key]
+
+    def __iter__(self):
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+    def __or__(self, other: Mapping) -> dict:
+        return self.to_dict() | dict(other)
+
+    def __eq__(self, other) -> bool:  # the same fields; a plain mapping is equal to the dict study.json would hold
+        if isinstance(other, Design):
+            return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
+        return self.to_dict() == dict(other) if isinstance(other, Mapping) else NotImplemented
+
+    __hash__ = None  # its lists and tables are mutable
 
 
 def design_of(table: dict, arms: list[str], fail, borrowed: dict | None = None) -> Design:
