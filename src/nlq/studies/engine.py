@@ -111,7 +111,7 @@ def selected_lrs(study: Study, study_dir: Path):
             break
         asked |= {(arm, lr[0]) for arm, lr in more.items()}
         extension = chains(study, study_dir, s.selection_seeds, more)
-        trained += extension
+        trained = trained + extension  # a new list: the stage yielded before stays as it was
         yield extension
     chosen = {arm: grid_step(now[arm], s)["lr"] for arm in arms}
     if any(chosen[arm] is None for arm in s.primary):
@@ -141,7 +141,8 @@ def sequential_test(study: Study, study_dir: Path, lrs: dict[str, list[float]]):
     s, (baseline, method) = study.design, study.design.primary
     done, trained = 0, []
     for k, n in enumerate(s.looks):
-        trained += (look_runs := chains(study, study_dir, s.seeds[done:n], lrs))
+        look_runs = chains(study, study_dir, s.seeds[done:n], lrs)
+        trained += look_runs
         yield look_runs
         done, seeds = n, s.seeds[:n]
         ended = endpoints(study_dir, records_of(study, trained), seeds)
