@@ -106,7 +106,7 @@ class Study:
         described = {"name": self.name, "description": self.description, "baseline": self.baseline,
                      "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
                      "arms": [dataclasses.asdict(v) for v in self.arms], "data": dataclasses.asdict(self.data)}
-        design = self.design.to_dict() if hasattr(self.design, "to_dict") else self.design
+        design = self.design.to_dict() if isinstance(self.design, Design) else self.design
         described |= {"design": design} if design else {}
         plan = {"plan": self.plan, "plan_hash": plan_hash(self.plan)} if self.plan is not None else {}
         return described | plan

@@ -8,7 +8,7 @@ from pathlib import Path
 from nlq.errors import UserError
 from nlq.projections import check_own_code
 from nlq.studies import comparison, probes, scaling
-from nlq.studies.design import Study
+from nlq.studies.design import PLAN_REPORTS, Study
 from nlq.studies.engine import plan_study
 from nlq.studies.plan import is_plan_path, load_plan, shipped_plans
 from nlq.studies.plan_report import build_plan_report
@@ -31,10 +31,7 @@ REPORTS: dict[str, Callable[[Path, dict], str]] = {
     "comparison": comparison.build_comparison_report,
     "scaling": scaling.build_scaling_report,
     "probes": probes.build_probes_report,
-    "plan": build_plan_report,  # every study of a plan file
-    "verdict": build_plan_report,  # the names the plan studies' study.json carried before 2026-12-02
-    "verdict-lr": build_plan_report,
-}
+} | {name: build_plan_report for name in PLAN_REPORTS}  # every study of a plan file
 
 
 def get_study(name: str) -> Study:
