@@ -368,10 +368,12 @@ def _update_section(current: Any, values: dict, prefix: str) -> Any:
             changes[name] = convert_value(f"{prefix}.{name}", value, types_[name])
     try:
         return dataclasses.replace(current, **changes)
-    except ConfigError as e:
+    except ConfigError as e:  # a value given under an old name: say which name it was read as
         old = [f"{prefix}.{name} is read as {prefix}.{RENAMED[prefix][name]}" for name in values
                if name in RENAMED.get(prefix, {})]
-        raise ConfigError(f"{e} ({'; '.join(old)})" if old else str(e)) from None
+        if not old:
+            raise
+        raise ConfigError(f"{e} ({'; '.join(old)})") from None
 
 
 def update(config: RunConfig, raw: dict) -> RunConfig:
