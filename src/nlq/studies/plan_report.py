@@ -15,8 +15,10 @@ from pathlib import Path
 from nlq.config import RunConfig
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
+from nlq.studies.design import upgraded_study
 from nlq.studies.engine import endpoints, run_dir_of, run_records
 from nlq.studies.plan import reference_of
+from nlq.studies.plan_design import Design, check_design
 from nlq.studies.plan_plots import plot_curve, plot_one_lr, plot_test
 from nlq.studies.plan_sections import (
     no_effect,
@@ -47,6 +49,9 @@ def build_plan_report(study_dir: Path, study: dict) -> str:
     """report.md, results.csv, verdict.json and the plots of a plan's study, from what is on disk; the design is
     read from study.json (as registered, checked as design.read_study reads it: a Design), so the report tests what
     was registered even if the plan file changes."""
+    study = upgraded_study(study)
+    if not isinstance(study.get("design"), Design):  # a study.json read by another reader than read_study
+        study["design"] = check_design(study.get("design"), str(study_dir / "study.json"))
     arms = {v.get("name") for v in study.get("arms", []) if isinstance(v, dict)}
     named = study["design"].primary + study["design"].secondary
     if arms and not set(named) <= arms:
