@@ -176,6 +176,7 @@ def test_study_json_holds_the_design_and_arms_by_their_names_and_older_keys_stil
     and reports byte for byte the same."""
     from nlq.studies.design import read_study
     from nlq.studies.plan_design import Design, check_design
+    from nlq.studies.plan_report import build_plan_report
     from nlq.studies.registry import build_report
 
     fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0 + config.train.seed / 100,
@@ -195,6 +196,7 @@ def test_study_json_holds_the_design_and_arms_by_their_names_and_older_keys_stil
     (tmp_path / "s" / "study.json").write_text(json.dumps(older))
     assert read_study(tmp_path / "s") == written | {"design": study.design}
     assert build_report(tmp_path / "s") == report
+    assert build_plan_report(tmp_path / "s", older) == report  # the raw file, as another reader passes it
 
 
 def test_a_report_whose_design_names_an_arm_it_does_not_have_is_refused(byte_data, tmp_path, monkeypatch):

@@ -22,7 +22,18 @@ from nlq.config import RunConfig, update
 from nlq.errors import UserError
 from nlq.fileio import atomic_write
 from nlq.presets import get_preset
-from nlq.studies.design import IDENTITY, LINEAR, MLP_4_5, MLP_4_75, NONLINEAR, RESIDUAL, Arm, DataSpec, Study
+from nlq.studies.design import (
+    IDENTITY,
+    LINEAR,
+    MLP_4_5,
+    MLP_4_75,
+    NONLINEAR,
+    RESIDUAL,
+    Arm,
+    DataSpec,
+    Study,
+    upgraded_study,
+)
 from nlq.studies.plots import plot_loss_vs_params, plot_paired_curves, plot_val_curves
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
 from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
@@ -116,6 +127,7 @@ def paper() -> Study:
 def build_comparison_report(study_dir: Path, study: dict) -> str:
     """Write report.md, result.json (its numbers), results.csv, val_curves.png, loss_vs_params.png and
     paired_curves.png; return the markdown."""
+    study = upgraded_study(study)  # a study.json of older keys, read by another reader
     _, results = load_results(study_dir)
     baseline = study["baseline"]
     order = [v["name"] for v in study["arms"]]

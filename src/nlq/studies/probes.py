@@ -16,7 +16,7 @@ from nlq.config import RunConfig, update
 from nlq.fileio import atomic_write
 from nlq.presets import get_preset
 from nlq.runs.metrics import read_metrics
-from nlq.studies.design import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
+from nlq.studies.design import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study, upgraded_study
 from nlq.studies.plots import plot_probe_accuracy, plot_probe_curves
 from nlq.studies.stats import holm, holm_verdicts, mean_std, median, paired_difference
 from nlq.studies.tables import load_summaries, markdown_table, write_result, write_runs_csv
@@ -85,6 +85,7 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
     """report.md (per task and width: held-out accuracy, the step each seed first reaches THRESHOLD, paired
     differences to linear with 95% intervals), result.json (its numbers), results.csv, probes_accuracy.png and
     probes_curves.png."""
+    study = upgraded_study(study)  # a study.json of older keys, read by another reader
     threshold = (study.get("design") or {}).get("threshold", THRESHOLD)  # studies before nlq 0.3 recorded none
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "probe"]
     for r in runs:

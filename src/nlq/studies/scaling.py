@@ -24,7 +24,7 @@ from nlq.config import RunConfig, update
 from nlq.fileio import atomic_write, read_json
 from nlq.overrides import merge_changes
 from nlq.presets import get_preset
-from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study
+from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study, upgraded_study
 from nlq.studies.plots import plot_scaling_deltas
 from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
@@ -141,6 +141,7 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
     """report.md (lr sweep; per width and budget the paired Δ val loss of each variant vs linear), result.json
     (its numbers), results.csv and scaling_delta.png (Δ against tokens per parameter, a line per width and
     variant, 95% band)."""
+    study = upgraded_study(study)  # a study.json of older keys, read by another reader
     runs = load_summaries(study_dir, study)
     sweep = [r for r in runs if r["stage"] == "lr-sweep"]
     budgets = [r for r in runs if r["stage"] == "budget"]
