@@ -126,7 +126,10 @@ def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str
             f"{outcome['decision']['words']}.** {decision_text(outcome, reference_of(study).get('paper_claim'))}"
             f"{one_pair_text(outcome)} `nlq report {results}` regenerates it.")
     if s.secondary and not outcome.get("secondary_family"):
-        text += (f" The secondary arms ({', '.join(s.secondary)}) are still running: "
+        borrowed = [arm for arm in s.secondary if arm in (s.borrowed or {})]
+        running = [arm for arm in s.secondary if arm not in borrowed]
+        whose = f" ({', '.join(borrowed)}: borrowed, every test run in)" if borrowed else ""
+        text += (f" The secondary arms ({', '.join(running)}) are still running{whose}: "
                  f"{outcome.get('seeds_with_every_arm', 0)} of {len(s.seeds)} test seeds have every arm's "
                  "endpoint; their declared family is computed once all have, and it does not change this decision.")
     elif outcome.get("secondary_family"):

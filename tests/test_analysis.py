@@ -211,6 +211,42 @@ def test_reading_verdict_lr_agrees_with_the_committed_runs_and_the_decision():
         assert line.split("|")[2].strip() == f"{sum(d > 0 for d in delta)} of {len(complete)}"
 
 
+def test_reading_gate_lr_agrees_with_the_committed_runs_and_what_results_md_quotes():
+    """analysis/reading_gate_lr.py on results/: each arm's sd over the test seeds is the one of the committed
+    summaries (the borrowed arms read from results/verdict-lr), its leave-one-out rows are verdict.json's, and
+    docs/RESULTS.md quotes its numbers."""
+    import statistics
+
+    from nlq.studies.design import read_study
+
+    results = ROOT / "results"
+    outcome = json.loads((results / "gate-lr" / "verdict.json").read_text())
+    if "decision" not in outcome:
+        pytest.skip("results/gate-lr has no decision yet")
+    seeds = set(read_study(results / "gate-lr")["design"].seeds)
+    loss = {}
+    for study in ("gate-lr", "verdict-lr"):
+        for path in (results / study / "runs").glob("d64-tpp300-*/summary.json"):
+            arm, seed = re.fullmatch(r"d64-tpp300-(.+)-lr[\d.e-]+-s(\d+)", path.parent.name).groups()
+            if int(seed) in seeds and (study == "gate-lr" or arm.endswith("-qknorm")):
+                loss.setdefault(arm, []).append(json.loads(path.read_text())["full_val_loss"])
+    out = run("reading_gate_lr.py", "--results", str(results))
+    for arm in ("gate-qknorm", "linear-qknorm", "nonlinear-qknorm"):
+        line = next(line for line in out.splitlines() if line.startswith(f"| {arm} | 0.0"))
+        mean, sd = statistics.fmean(loss[arm]), statistics.stdev(loss[arm])
+        assert f"| {len(loss[arm])} of 16 | {mean:.4f} | {sd:.4f} [" in line
+    for row in outcome["one_pair"]:
+        p = row["without"]
+        assert f"without seed {row['seed']} (Δ {row['delta']:+.4f}): {p['mean']:+.4f} [{p['low']:+.4f}" in out
+    quoted = " ".join(RESULTS_MD.read_text().split())
+    worse = re.search(r"gate-qknorm worse on (\d+) of 16 seeds \(sign test p ([\d.]+)\); median Δ ([+-][\d.]+) "
+                      r"\(Wilcoxon p ([\d.]+)\)", out).groups()
+    assert (f"{16 - int(worse[0])} of 16 seeds have the gated model lower (sign test p {worse[1]}); the median Δ is "
+            f"{float(worse[2]):.3f} (Wilcoxon p {worse[3]})") in quoted
+    pm = re.search(r"\| gate-qknorm \| 16 \| [\d.]+ \| [+-][\d.]+ \| ([\d.]+) \|", out).group(1)
+    assert f"Pitman-Morgan test for paired variances p {pm}" in quoted
+
+
 def test_the_mnist1d_table_quotes_the_committed_runs():
     """docs/RESULTS.md's MNIST-1D row is results/mnist1d-baseline/summary.json's mean and 95% interval."""
     path = ROOT / "results" / "mnist1d-baseline" / "summary.json"

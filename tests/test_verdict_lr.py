@@ -191,6 +191,21 @@ def test_with_the_primary_pairs_in_the_status_gives_the_decision_and_how_far_the
     assert "(linear-qknorm, nonlinear-qknorm) are still running: 3 of 16 test seeds have every arm's endpoint" in status
 
 
+def test_a_status_names_a_borrowed_secondary_arm_as_borrowed_not_running():
+    """gate-lr borrows nonlinear-qknorm from verdict-lr: while its own secondary arms train, the status says which
+    arms are still running and that the borrowed one has every test run in (it is not running)."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "results" / "gate-lr"
+    outcome = json.loads((results / "verdict.json").read_text())
+    if "decision" not in outcome:
+        pytest.skip("results/gate-lr has no decision yet")
+    outcome["secondary_family"], outcome["seeds_with_every_arm"] = [], 5
+    status = publish_module().status_text(outcome, read_study(results), "now", "here", "results/gate-lr")
+    assert ("The secondary arms (mlp4.5-qknorm, identity-gate-qknorm) are still running (nonlinear-qknorm: borrowed, "
+            "every test run in): 5 of 16 test seeds have every arm's endpoint") in status
+
+
 def test_the_four_arms_of_a_test_seed_share_batches_and_every_initial_weight_their_shapes_share(tmp_path):
     """Apart from the query, QK-norm and the lr, the four arms' configs are identical (so are their batch plans,
     which depend on the seed, data and batch fields only); built with their seed, they share every weight they
