@@ -10,7 +10,8 @@ intervals to size them, not further tests.
    correlation of Δ with linear-qknorm's endpoint, and whether gate-qknorm's endpoints spread less than
    linear-qknorm's on the same seeds (the Pitman-Morgan test for paired variances: the correlation of the pairs'
    sums with their differences). Then every other arm's spread against linear-qknorm's the same way, once it has
-   every test seed (mlp4.5-qknorm and identity-gate-qknorm ran at gate-qknorm's lr, 4e-3).
+   every test seed (mlp4.5-qknorm and identity-gate-qknorm ran at gate-qknorm's lr, 4e-3), with its mean Δ against
+   linear-qknorm on the same two groups of seeds.
 
     python analysis/reading_gate_lr.py [--results results]
 """
@@ -89,16 +90,18 @@ def where_it_comes_from(ends: dict) -> list[str]:
                  f"(p {r.pvalue:.2g})")
     lines.append("")
     lines.append(row("arm (same seeds as linear-qknorm)", "seeds", f"sd arm / sd {BASELINE}",
-                     "Pitman-Morgan r", "p"))
-    lines.append(row(*["---"] * 5))
+                     "Pitman-Morgan r", "p", f"mean Δ on the {HIGHEST} highest", "mean Δ on the rest"))
+    lines.append(row(*["---"] * 7))
     for arm, by_seed in ends.items():
         common = sorted(by_seed.keys() & base.keys())
         if arm == BASELINE or len(common) < len(base):
             continue  # a spread compared on fewer seeds than the baseline has would not be the same comparison
         a, b = np.array([by_seed[s] for s in common]), np.array([base[s] for s in common])
         test = stats.pearsonr(a + b, a - b)  # equal variances <=> the sums and differences are uncorrelated
+        gap = {s: by_seed[s] - base[s] for s in common}
         lines.append(row(arm, len(common), f"{np.std(a, ddof=1) / np.std(b, ddof=1):.2f}",
-                         f"{test.statistic:+.2f}", f"{test.pvalue:.2g}"))
+                         f"{test.statistic:+.2f}", f"{test.pvalue:.2g}", f"{np.mean([gap[s] for s in high]):+.4f}",
+                         f"{np.mean([gap[s] for s in rest]):+.4f}"))
     return lines
 
 

@@ -243,8 +243,11 @@ def test_reading_gate_lr_agrees_with_the_committed_runs_and_what_results_md_quot
                       r"\(Wilcoxon p ([\d.]+)\)", out).groups()
     assert (f"{16 - int(worse[0])} of 16 seeds have the gated model lower (sign test p {worse[1]}); the median Δ is "
             f"{float(worse[2]):.3f} (Wilcoxon p {worse[3]})") in quoted
-    pm = re.search(r"\| gate-qknorm \| 16 \| [\d.]+ \| [+-][\d.]+ \| ([\d.]+) \|", out).group(1)
+    pm, high, rest = re.search(r"\| gate-qknorm \| 16 \| [\d.]+ \| [+-][\d.]+ \| ([\d.]+) \| ([+-][\d.]+) \| "
+                               r"([+-][\d.]+) \|", out).groups()
     assert f"Pitman-Morgan test for paired variances p {pm}" in quoted
+    groups = re.findall(r"Δ [+-][\d.]+ to [+-][\d.]+, mean ([+-][\d.]+)", out)
+    assert groups == [high, rest]  # the table's group means for the primary arm are the groups' lines above it
 
 
 def test_the_mnist1d_table_quotes_the_committed_runs():
