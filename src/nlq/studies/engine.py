@@ -26,19 +26,21 @@ from nlq.runs.rundir import DIVERGED
 from nlq.studies.borrow import borrowed_arms, borrowed_records, check_commit
 from nlq.studies.design import Run, Study
 from nlq.studies.plan import Plan
-from nlq.studies.selection import grid_step, lr_means
+from nlq.studies.selection import grid_step, lowest, lr_means, two_best
 from nlq.studies.sequential import look, operating, spending_bounds
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.wsd import chain_tokens, flops_per_token, non_embedding_parameters, wsd_chain
 
 
-def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]]) -> list[Run]:
-    """One WSD chain per (seed, arm, lr), borrowed arms left out. A grid plan names its runs with their lr and sets
-    min lr = lr x min_lr_ratio; a one-lr plan keeps the lr out of the names and takes its min lr as registered."""
+def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]],
+           borrowed_too: bool = False) -> list[Run]:
+    """One WSD chain per (seed, arm, lr), borrowed arms left out (unless borrowed_too: the firmer selection trains
+    them on seeds of its own). A grid plan names its runs with their lr and sets min lr = lr x min_lr_ratio; a one-lr
+    plan keeps the lr out of the names and takes its min lr as registered."""
     s = study.design
     runs = []
     for i, seed in enumerate(seeds):
-        arms = [v for v in study.arms if lrs.get(v.name) and v.name not in borrowed_arms(s)]
+        arms = [v for v in study.arms if lrs.get(v.name) and (borrowed_too or v.name not in borrowed_arms(s))]
         arms = arms if i % 2 == 0 else arms[::-1]
         for lr in sorted({lr for v in arms for lr in lrs[v.name]}):
             min_lr = s.min_lr_at(lr)
@@ -87,7 +89,8 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
 def selected_lrs(study: Study, study_dir: Path):
     """The stages of a grid plan's selection, one at a time; its return value (what `yield from` gives) is each
     arm's selected lr."""
-    s, arms = study.design, [v.name for v in study.arms]
+    s = study.design
+    arms = s.selected_arms([v.name for v in study.arms])
     trained = chains(study, study_dir, s.selection_seeds, {arm: s.lrs for arm in arms})
 
     def means() -> dict[str, dict]:  # from the runs this selection trained (as study.json records them)
@@ -113,12 +116,33 @@ def selected_lrs(study: Study, study_dir: Path):
         extension = chains(study, study_dir, s.selection_seeds, more)
         trained = trained + extension  # a new list: the stage yielded before stays as it was
         yield extension
-    chosen = {arm: grid_step(now[arm], s)["lr"] for arm in arms}
+    chosen = {arm: grid_step(now[arm], s)["lr"] for arm in arms} | (s.pinned_lrs or {})
     if any(chosen[arm] is None for arm in s.primary):
         out = [arm for arm in s.primary if chosen[arm] is None]
         raise UserError(f"every lr of {', '.join(out)} diverged in the selection; the test cannot run (the "
                         "pre-registration says so); nlq report shows the selection")
+    if s.refine_seeds:
+        refined = yield from refined_lrs(study, study_dir, endpoints(study_dir, records_of(study, trained),
+                                                                     s.selection_seeds))
+        if s.refine_selects:
+            chosen |= refined
     return chosen
+
+
+def refined_lrs(study: Study, study_dir: Path, selection: dict):
+    """The firmer selection (design.refine_seeds): each refined arm's two best lrs of the grid's selection (selection:
+    its endpoints on the selection seeds) trained on the refine seeds (a borrowed arm too, here); its return value is
+    each refined arm's lr with the lowest mean over the selection and refine seeds together."""
+    s = study.design
+    best = {arm: two_best(lr_means(selection, arm, s.selection_seeds)) for arm in s.refined_arms}
+    best = {arm: lrs for arm, lrs in best.items() if lrs}
+    runs = chains(study, study_dir, s.refine_seeds, best, borrowed_too=True)
+    yield runs
+    ended = endpoints(study_dir, records_of(study, runs), s.refine_seeds)
+    if any((arm, lr, seed) not in ended for arm, lrs in best.items() for lr in lrs for seed in s.refine_seeds):
+        raise UserError(f"the refinement runs of {study.name} have not all ended; run the study again to finish them")
+    pooled = selection | ended
+    return {arm: lowest(lr_means(pooled, arm, s.selection_seeds + s.refine_seeds)) for arm in best}
 
 
 def registered_lr(study: Study, study_dir: Path):
@@ -199,7 +223,8 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     s = study.design
     arms = [v for v in study.arms if v.name not in borrowed_arms(s)]
     per_chain = chain_tokens(update(study.base, {"model": s.shape}), s.shape, s.budgets_tpp)
-    stages = s.selection_chains(len(arms)) + [("test", len(arms) * len(s.seeds))]
+    stages = (s.selection_chains(len(s.selected_arms([v.name for v in arms]))) +
+              [("test", len(arms) * len(s.seeds))])
     chains = sum(n for _, n in stages)
     parts = "; ".join(f"{name} {n} chains ({n * per_chain / 1e9:.2f}G tokens)" for name, n in stages)
     text = (f"whole plan, every stage: {parts}; at most {chains} chains, {chains * per_chain / 1e9:.2f}G tokens "

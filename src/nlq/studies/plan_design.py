@@ -23,6 +23,9 @@ COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int,
 FIXED_LR = {"lr": float, "min_lr": float}
 LR_GRID = {"lrs": list, "edge_factor": float, "max_extensions": int, "min_lr_ratio": float, "selection_seeds": list}
 KIND_FIELDS = {"fixed-lr": FIXED_LR, "lr-grid": LR_GRID}  # a kind's own fields (Design.kind; engine.LR_RULES)
+# an lr grid's optional fields: arms held at an lr of their own (not selected), and the firmer selection (the two best
+# lrs of each refined arm trained on more seeds, the pooled mean selecting)
+GRID_OPTIONAL = {"pinned_lrs": dict, "refine_seeds": list, "refine_arms": list, "refine_selects": bool}
 OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_difference": float, "planning_power": float,
             "looks": list, "spending": str, "stop_for_equivalence": bool,  # a sequential test
             "gpu": str, "gpu_peak_tflops": float, "mfu": float}  # the cost on paper: GPU-hours at this MFU
@@ -63,6 +66,10 @@ class Design(Mapping):
     gpu_peak_tflops: float | None = None
     mfu: float | None = None
     borrowed: dict | None = None  # arm -> {study, commit}: arms whose runs another committed study made
+    pinned_lrs: dict | None = None  # arm -> peak lr: arms of an lr grid trained at this lr, never selected
+    refine_seeds: list | None = None  # the firmer selection: more selection seeds for the two best lrs of ...
+    refine_arms: list | None = None  # ... these arms (None: every arm that is selected)
+    refine_selects: bool = True  # False: the refined selection is a declared reading; the test keeps the grid's
 
     @property
     def kind(self) -> str:
@@ -78,8 +85,22 @@ class Design(Mapping):
         if self.kind == "fixed-lr":
             return []
         seeds = len(self.selection_seeds)
-        return [("selection", arms * len(self.lrs) * seeds),
-                ("edge extensions at most", arms * 2 * self.max_extensions * seeds)]
+        stages = [("selection", arms * len(self.lrs) * seeds),
+                  ("edge extensions at most", arms * 2 * self.max_extensions * seeds)]
+        if self.refine_seeds:
+            stages.append(("refinement at most", len(self.refined_arms) * 2 * len(self.refine_seeds)))
+        return stages
+
+    def selected_arms(self, arms: list[str]) -> list[str]:
+        """The arms (of these) whose lr the grid selects: all but the pinned ones."""
+        return [arm for arm in arms if arm not in (self.pinned_lrs or {})]
+
+    @property
+    def refined_arms(self) -> list[str]:
+        """The arms whose two best grid lrs train on refine_seeds (none without them)."""
+        if not self.refine_seeds:
+            return []
+        return self.refine_arms if self.refine_arms is not None else self.selected_arms(self.primary + self.secondary)
 
     @property
     def effect(self) -> float:
@@ -118,7 +139,14 @@ class Design(Mapping):
 
 def design_of(table: dict, arms: list[str], fail, borrowed: dict | None = None) -> Design:
     """A plan's [design] table, every field checked (fail(field, what) raises), as a Design."""
-    return Design(**_checked(dict(table), arms, fail), **({"borrowed": borrowed} if borrowed else {}))
+    design = Design(**_checked(dict(table), arms, fail), **({"borrowed": borrowed} if borrowed else {}))
+    lent = [arm for arm in design.refined_arms if arm in (borrowed or {})]
+    if design.refine_selects and lent:
+        fail("design.refine_selects", f"is true, but {lent[0]} is borrowed: its test runs are at the lr its own study "
+                                      "selected; set refine_selects = false to read its refinement beside the test")
+    if set(design.pinned_lrs or {}) & set(borrowed or {}):
+        fail("design.pinned_lrs", "names a borrowed arm; a borrowed arm is tested at the lr its own study selected")
+    return design
 
 
 def check_design(recorded, where: str) -> Design:
@@ -141,15 +169,15 @@ def check_design(recorded, where: str) -> Design:
 
 def _checked(design: dict, arms: list[str], fail) -> dict:
     grid = "lrs" in design
-    allowed = COMMON | KIND_FIELDS["lr-grid" if grid else "fixed-lr"] | OPTIONAL
+    allowed = COMMON | KIND_FIELDS["lr-grid" if grid else "fixed-lr"] | (GRID_OPTIONAL if grid else {}) | OPTIONAL
     unknown = sorted(set(design) - set(allowed))
     if unknown:
-        other = "lr and min_lr (one lr for every arm)" if grid else "lrs and its selection fields"
+        other = "lr and min_lr (one lr for every arm)" if grid else "lrs, pinned_lrs, refine_*"
         fail(f"design.{unknown[0]}", f"is not a field of this design (with{'' if grid else 'out'} an lr grid; "
                                      f"{other} belong to the other kind); fields: {', '.join(allowed)}")
     for key, kind in allowed.items():
         if key not in design:
-            if key in OPTIONAL or key == "secondary":
+            if key in OPTIONAL or key in GRID_OPTIONAL or key == "secondary":
                 continue
             fail(f"design.{key}", "is missing")
         value = design[key]
@@ -218,6 +246,8 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
             fail("design.lrs", f"is {d['lrs']!r}; give strictly increasing positive peak lrs, each once")
         if not 1 < d["edge_factor"] < 100 or not 0 <= d["max_extensions"] <= 10 or not 0 < d["min_lr_ratio"] <= 1:
             fail("design", "needs edge_factor in (1, 100), max_extensions in 0..10 and min_lr_ratio in (0, 1]")
+    if grid:
+        _check_refinement(d, arms, fail)
     family = d.get("secondary_family", [])
     for member in family:
         ok = member == "interaction" and len(secondary) == 2 or (
@@ -235,6 +265,33 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
                            "\"H100 SXM\", gpu_peak_tflops = 989, mfu = 0.4")
     if not grid and not (0 < d["lr"] < 10 and 0 <= d["min_lr"] <= d["lr"]):
         fail("design", f"needs lr > 0 and 0 <= min_lr <= lr (got {d['lr']!r}, {d['min_lr']!r})")
+
+
+def _check_refinement(d: dict, arms: list[str], fail) -> None:
+    """An lr grid's pinned arms (pinned_lrs: arm -> peak lr) and the firmer selection (refine_seeds, refine_arms,
+    refine_selects)."""
+    pinned = d.get("pinned_lrs", {})
+    for arm, lr in pinned.items():
+        if arm not in arms or isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 10:
+            fail("design.pinned_lrs", f"holds {arm} = {lr!r}; give arm = peak lr for arms of this plan, e.g. "
+                                      f"{{ \"{arms[-1]}\" = 4e-3 }}")
+    if "refine_seeds" not in d:
+        extra = [key for key in ("refine_arms", "refine_selects") if key in d]
+        if extra:
+            fail(f"design.{extra[0]}", "belongs to the firmer selection; give design.refine_seeds too")
+        return
+    values = d["refine_seeds"]
+    if len(values) < 1 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in values) \
+            or len(set(values)) < len(values):
+        fail("design.refine_seeds", f"is {values!r}; give distinct non-negative integers")
+    if set(values) & (set(d["seeds"]) | set(d["selection_seeds"])):
+        fail("design.refine_seeds", "share seeds with design.seeds or design.selection_seeds; refinement adds seeds "
+                                    "of its own")
+    refined = d.get("refine_arms", [a for a in arms if a not in pinned])
+    if not refined or not all(isinstance(a, str) and a in arms and a not in pinned for a in refined) \
+            or len(set(refined)) < len(refined):
+        fail("design.refine_arms", f"is {refined!r}; give arms of this plan whose lr the grid selects (not pinned), "
+                                   "each once")
 
 
 def _check_looks(d: dict, fail) -> None:

@@ -15,6 +15,13 @@ def lowest(means: dict[float, float | None]) -> float | None:
     return eligible[0][1] if eligible else None
 
 
+def two_best(means: dict[float, float | None]) -> list[float]:
+    """The two lrs with the lowest means (lr -> mean; None: out), in increasing lr: the firmer selection's
+    candidates (one, or none, where fewer ended finite)."""
+    eligible = sorted((m, lr) for lr, m in means.items() if m is not None)
+    return sorted(lr for _, lr in eligible[:2])
+
+
 def lr_means(ended: dict[tuple[str, float, int], float | None], arm: str,
              seeds: list[int]) -> dict[float, float | None]:
     """Each lr an arm has tried on these seeds -> its mean endpoint, None where a run diverged (that lr is out);
