@@ -623,3 +623,27 @@ def test_a_paper_checkpoint_with_a_string_for_a_number_is_refused(tmp_path, caps
     needle = {"scale": "attn_scale"}.get(key, key)
     one_line_error(capsys, ["import-checkpoint", tmp_path / "ckpt.pt", "--out", tmp_path / "run"], needle)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["weights", "tokenizer"])
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(run_dir, tmp_path, capsys, monkeypatch, where):
+    """safetensors says a full disk with an error of its own (not an OSError); either way nothing is left behind,
+    not even the export's lock file."""
+    import safetensors.torch
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    from nlq.interop import export
+
+    def full(*args, **kwargs):
+        if where == "weights":
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                  '"No space left on device" })')
+        raise OSError(28, "No space left on device", "tokenizer.json")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full, raising=False)
+    monkeypatch.setattr(export, "write_tokenizer", full) if where == "tokenizer" else None
+    before = sorted(p.name for p in tmp_path.iterdir())
+    one_line_error(capsys, ["export", run_dir, "--to", "hf", tmp_path / "hf"], "o space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no hf, no .hf.tmp-*, no .hf.lock

@@ -19,6 +19,9 @@ TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", 
     ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0"}, (4, 4)),
     ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1"}, (1, 4)),  # --array=1-4
     ({"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4"}, (4, 4)),  # no MIN: 4 of 4 counts from 1
+    ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "2"}, (1, 2)),  # no MIN: task 0 is the first of 0-1
+    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MAX": "2"}, (1, 2)),  # 1-2
+    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MAX": "1"}, (2, 2)),  # 0-1
 ])
 def test_shard_auto_reads_the_slurm_array(env, expected):
     assert slurm_shard(env) == expected
@@ -31,6 +34,15 @@ def test_shard_auto_outside_an_array_is_one_line(env):
     with pytest.raises(UserError) as error:
         slurm_shard(env)
     assert "\n" not in str(error.value) and "--shard" in str(error.value)
+
+
+def test_shard_auto_without_the_arrays_first_index_never_deals_one_share_twice():
+    """--array=1-2 without SLURM_ARRAY_TASK_MIN: task 1 was once taken for the second of 0-1, so both tasks ran
+    shard 2 and shard 1's chains never trained. Every task gets its own share or a one-line refusal."""
+    env = {"SLURM_ARRAY_TASK_COUNT": "2"}
+    with pytest.raises(UserError, match="SLURM_ARRAY_TASK_MIN and _MAX are not set"):
+        slurm_shard(env | {"SLURM_ARRAY_TASK_ID": "1"})
+    assert slurm_shard(env | {"SLURM_ARRAY_TASK_ID": "2"}) == (2, 2)
 
 
 def test_each_shard_gets_its_share_of_threads_and_a_gpu_round_robin(monkeypatch):

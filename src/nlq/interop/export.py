@@ -52,21 +52,41 @@ def export_hf(source: str | Path, out_dir: str | Path, overwrite: bool = False) 
     """Export a run (its latest checkpoint) or a checkpoint file; returns a one-line description."""
     out = Path(out_dir)
     check_export_target(out, source, overwrite)
-    with directory_lock(out, f"export directory {out}"):
-        remove_stale(out.parent, stale_siblings(out))  # a killed export's temporary directory
-        model, config, payload = load_model(source)  # refuses a plugin file changed since the run
-        if config.model.classes:
-            raise UserError(f"{source} is an encoder classifier (model.classes={config.model.classes}); an export "
-                            f"ships language models (causal or masked) only")
-        plugin = shipped_plugin(config.model)
-        with atomic_directory(out) as tmp:
-            if is_plain_gpt2(config.model):
-                kind = _write_gpt2(model, config.model, tmp)
-            else:
-                kind = _write_custom(model, config.model, tmp, plugin)
-            tokenizer_note = write_tokenizer(Path(payload["path"]), tmp, masked=not config.model.causal)
-            write_json(tmp / EXPORT_MARK, {"source": str(Path(payload["path"]).resolve()), "step": payload["step"]})
+    lock = directory_lock(out, f"export directory {out}")
+    with lock:
+        try:
+            remove_stale(out.parent, stale_siblings(out))  # a killed export's temporary directory
+            model, config, payload = load_model(source)  # refuses a plugin file changed since the run
+            if config.model.classes:
+                raise UserError(f"{source} is an encoder classifier (model.classes={config.model.classes}); an export "
+                                f"ships language models (causal or masked) only")
+            plugin = shipped_plugin(config.model)
+            with atomic_directory(out) as tmp:
+                kind = write_export(model, config, plugin, tmp)
+                tokenizer_note = write_tokenizer(Path(payload["path"]), tmp, masked=not config.model.causal)
+                write_json(tmp / EXPORT_MARK, {"source": str(Path(payload["path"]).resolve()),
+                                               "step": payload["step"]})
+        except BaseException:
+            if not out.exists():  # nothing was exported: leave nothing behind, the lock file included
+                lock.path.unlink(missing_ok=True)
+            raise
     return f"exported step {payload['step']} of {payload['path']} to {out} as {kind}; {tokenizer_note}"
+
+
+def write_export(model, config, plugin: dict | None, out: Path) -> str:
+    """The model's weights, config and code into `out`; a file system that refuses the write (a full disk) is one
+    line (safetensors raises its own error for it, not an OSError)."""
+    from safetensors import SafetensorError
+
+    try:
+        if is_plain_gpt2(config.model):
+            return _write_gpt2(model, config.model, out)
+        return _write_custom(model, config.model, out, plugin)
+    except SafetensorError as e:
+        full = "StorageFull" in str(e) or "No space" in str(e)
+        reason = "no space left on device" if full else str(e).splitlines()[0][:200]
+        raise UserError(f"could not write the export's weights ({reason}); free space or choose another directory, "
+                        f"then run nlq export again") from None
 
 
 def check_export_target(out: Path, source: str | Path, overwrite: bool) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.studies.design import upgraded_study
+from nlq.studies.design import read_study, upgraded_study
 
 
 def thin(source: Path, every: int) -> str:
@@ -62,8 +62,11 @@ def check_target(study_dir: Path, out: Path) -> None:
 
 
 def collect(study_dir: Path, out: Path, every: int = 100) -> int:
-    """Copy the study's small files and its finished runs into out; return how many runs were copied."""
+    """Copy the study's small files and its finished runs into out; return how many runs were copied. A plan study
+    whose record does not hold (design.read_study: edited after its runs trained) is refused before anything is
+    copied."""
     check_target(study_dir, out)
+    read_study(study_dir)
     out.mkdir(parents=True, exist_ok=True)
     for path in study_dir.iterdir():
         if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith("."):

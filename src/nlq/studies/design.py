@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # this module is data and loads without torch; a run's config
     from nlq.config import RunConfig
 
 WORDING = "reference"  # a plan's [reference] table: how its report words an outcome, not what the study runs
+SHIPPED = Path(__file__).resolve().parent.parent / "plans"  # the shipped plan files (`plans/` in a checkout)
 
 
 def plan_hash(raw: dict) -> str:
@@ -178,6 +180,104 @@ def read_study(study_dir: Path) -> dict:
     runs = study.get("runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, dict) and "name" in r for r in runs):
         raise UserError(f"{study_path} lists its runs wrongly (not a list of runs with names); run nlq study again")
-    if study.get("report") in PLAN_REPORTS:  # a plan's study: its design typed, checked as a plan file's is
-        study["design"] = check_design(study.get("design"), str(study_path))
+    if study.get("report") in PLAN_REPORTS:
+        study = checked_plan_study(study, Path(study_dir))
     return study
+
+
+def checked_plan_study(study: dict, study_dir: Path) -> dict:
+    """A plan's study as study.json holds it (today's keys), checked: its design typed and checked as a plan file's
+    is, every arm it names one of the study's, every run record whole, and the record as its runs trained under it
+    (check_frozen). Each mistake is one line."""
+    where = study_dir / "study.json"
+    study = study | {"design": check_design(study.get("design"), str(where))}
+    arms = {v.get("name") for v in study.get("arms", []) if isinstance(v, dict)}
+    named = study["design"].primary + study["design"].secondary
+    if arms and not set(named) <= arms:
+        missing = sorted(set(named) - arms)
+        raise UserError(f"{where}: its design names arm {missing[0]!r}, which is none of its arms "
+                        f"({', '.join(sorted(arms))}); run the study again from its plan to rewrite it")
+    check_run_records(study.get("runs", []), where)
+    check_frozen(study, study_dir)
+    return study
+
+
+RUN_FIELDS = ("arm", "seed", "lr", "stage")  # what a plan report reads of every run record (a budget run: tpp too)
+
+
+def check_run_records(runs: list[dict], where: Path) -> None:
+    """Every run record of a plan study holds the fields its report reads: one line naming the run and the field."""
+    for r in runs:
+        needed = RUN_FIELDS + (("tpp",) if r.get("stage") == "budget" else ())
+        missing = [key for key in needed if key not in r]
+        if missing:
+            raise UserError(f"{where}: run {r['name']} has no {missing[0]}; study.json was edited or damaged: restore "
+                            f"it (git checkout -- {where} for a committed study)")
+
+
+def check_frozen(study: dict, study_dir: Path) -> None:
+    """A plan study's record cannot be quietly rewritten: its plan must hash to the plan_hash in study.json and in
+    every run's summary (record.plan_hash, where the run recorded one), and its design must be the plan's. A study
+    frozen before plans were recorded in study.json (results/verdict) is held to the shipped plan of its name when
+    its runs record that nlq trained them (record.code); one written by hand, as the tests write them, has no record
+    to check. Each mismatch is one line naming the field that differs from what the runs trained under."""
+    where = study_dir / "study.json"
+    restore = f"restore the file (git checkout -- {where}, for a committed study)"
+    records = _run_records(study, study_dir)
+    plan, frozen = study.get("plan"), study.get("plan_hash")
+    if plan is None:
+        shipped = SHIPPED / f"{study.get('name')}.toml"
+        if not shipped.is_file() or not any(record.get("code") for record in records.values()):
+            return  # no plan to hold it to
+        plan, source = tomllib.loads(shipped.read_text(encoding="utf-8")), f"{shipped.name}, the plan its runs ran"
+    else:
+        source = "the plan its runs trained under (study.json's plan)"
+        if not isinstance(plan, dict) or plan_hash(plan) != frozen:
+            named = _against_shipped(study, frozen)
+            raise UserError(f"{where}: its plan does not hash to its plan_hash {frozen}{named}: the plan was edited "
+                            f"after the study ran; {restore}")
+    borrowed = {a["name"]: a["borrow"] for a in plan.get("arms", []) if isinstance(a, dict) and "borrow" in a}
+    expected = check_design(dict(plan.get("design") or {}, **({"borrowed": borrowed} if borrowed else {})),
+                            str(where))
+    if expected != study["design"]:
+        field_name = changed_field(expected.to_dict(), study["design"].to_dict(), "design") or "design"
+        key = field_name.removeprefix("design.").split(".")[0].split("[")[0]
+        now, then = study["design"].to_dict().get(key), expected.to_dict().get(key)
+        raise UserError(f"{where}: {field_name} differs from {source} ({key} is {now!r} here and {then!r} there): "
+                        f"the record was edited after the study ran; set it back to {then!r} or {restore}")
+    hashes = {}  # plan hash -> the first run that recorded it
+    for name, record in records.items():
+        if record.get("plan_hash") is not None:
+            hashes.setdefault(record["plan_hash"], name)
+    if len(hashes) > 1:
+        (a, first), (b, second) = list(hashes.items())[:2]
+        raise UserError(f"{where}: its runs trained under different plans (run {first}: plan hash {a}; run {second}: "
+                        f"{b}); a study directory holds the runs of one plan: move the others to a study of their own")
+    if hashes and frozen is not None and frozen not in hashes:
+        hash_, name = next(iter(hashes.items()))
+        raise UserError(f"{where}: plan_hash is {frozen}, but its runs trained under plan hash {hash_} (run {name})"
+                        f"{_against_shipped(study, hash_)}; {restore}")
+
+
+def _run_records(study: dict, study_dir: Path) -> dict[str, dict]:
+    """Run name -> the record its summary.json holds (code, plan hash, times), for the runs that have one."""
+    out = {}
+    for r in study.get("runs", []):
+        path = study_dir / "runs" / r["name"] / "summary.json"
+        summary = read_json(path, "a run summary") if path.is_file() else None
+        if isinstance(summary, dict) and isinstance(summary.get("record"), dict):
+            out[r["name"]] = summary["record"]
+    return out
+
+
+def _against_shipped(study: dict, frozen: str) -> str:
+    """Where the study's plan differs from the shipped plan of its name, when that plan is the one hashed `frozen`
+    (the plan its runs trained under, at hand): ' (FIELD differs from NAME.toml, whose hash it is)', else ''."""
+    shipped = SHIPPED / f"{study.get('name')}.toml"
+    original = tomllib.loads(shipped.read_text(encoding="utf-8")) if shipped.is_file() else None
+    plan = study.get("plan")
+    if not (original and isinstance(plan, dict) and plan_hash(original) == frozen):
+        return ""
+    field_name = changed_field({k: v for k, v in original.items() if k != WORDING},
+                               {k: v for k, v in plan.items() if k != WORDING})
+    return f" ({field_name} differs from {shipped.name}, whose hash that is)" if field_name else ""

@@ -81,8 +81,8 @@ def endpoints(study_dir: Path, study: dict, seeds: list[int]) -> dict[tuple[str,
         elif (run_dir / "summary.json").is_file():
             summary = read_json(run_dir / "summary.json", "a run summary")
             check_commit(summary, r)
-            if s.endpoint in summary:  # a summary without it has not ended as a plan's run ends
-                out[(r["arm"], r["lr"], r["seed"])] = summary[s.endpoint]
+            if summary.get(s.endpoint) is not None:  # a summary without it (or null) has not ended as a plan's run
+                out[(r["arm"], r["lr"], r["seed"])] = summary[s.endpoint]  # ends; the report names it
     return out
 
 

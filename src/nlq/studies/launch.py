@@ -49,15 +49,24 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
 
 
 def slurm_shard(env: dict | None = None) -> tuple[int, int]:
-    """(K, N) from a Slurm job array (sbatch --array=0-3 or 1-4: K counts from 1 whatever the first index is)."""
+    """(K, N) from a Slurm job array (sbatch --array=0-3 or 1-4: K counts from 1 whatever the first index is). The
+    first index is SLURM_ARRAY_TASK_MIN, else SLURM_ARRAY_TASK_MAX - N + 1; without either, only task 0 (an array
+    from 0) and task N (one from 1) say which share they are, and any other task is refused: guessing made tasks 1
+    and 2 of --array=1-2 the same shard."""
     env = os.environ if env is None else env
     try:
         task, count = int(env["SLURM_ARRAY_TASK_ID"]), int(env["SLURM_ARRAY_TASK_COUNT"])
-        first = int(env.get("SLURM_ARRAY_TASK_MIN", 0 if task < count else 1))
+        first = (int(env["SLURM_ARRAY_TASK_MIN"]) if "SLURM_ARRAY_TASK_MIN" in env
+                 else int(env["SLURM_ARRAY_TASK_MAX"]) - count + 1 if "SLURM_ARRAY_TASK_MAX" in env
+                 else {0: 0, count: 1}.get(task))
     except (KeyError, ValueError):
         raise UserError("--shard auto reads SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT, which are not set (or "
                         "not numbers): submit the study as a job array (sbatch --array=1-N), "
                         "or give --shard K/N") from None
+    if first is None:
+        raise UserError(f"--shard auto: array task {task} of {count}, but SLURM_ARRAY_TASK_MIN and _MAX are not set, "
+                        f"so its share cannot be told (the array may start at 0 or at 1); give --shard K/N, e.g. "
+                        f"--shard $((SLURM_ARRAY_TASK_ID - FIRST + 1))/{count}")
     k = task - first + 1
     if not 1 <= k <= count:
         raise UserError(f"--shard auto: array task {task} (first {first}) is not one of {count} tasks; use a "

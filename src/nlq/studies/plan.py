@@ -21,10 +21,9 @@ from nlq.data.labelled import is_labelled
 from nlq.errors import ConfigError, UserError
 from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset
-from nlq.studies.design import WORDING, Arm, DataSpec, plan_hash
+from nlq.studies.design import SHIPPED, WORDING, Arm, DataSpec, plan_hash
 from nlq.studies.plan_design import Design, borrow_table, design_of
 
-SHIPPED = Path(__file__).resolve().parent.parent / "plans"
 TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design", "reference"}
 REFERENCE = {"no_effect_words": "the words of an equivalence shown, e.g. \"no effect of the paper's size\"",
              "paper_claim": "the paper's reported change in Δ's sign, e.g. \"-1.24% to -2.40%\""}

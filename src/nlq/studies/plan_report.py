@@ -15,12 +15,14 @@ from pathlib import Path
 from nlq.config import RunConfig
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
-from nlq.studies.design import upgraded_study
+from nlq.studies.design import checked_plan_study, upgraded_study
 from nlq.studies.engine import endpoints, run_dir_of, run_records
 from nlq.studies.plan import reference_of
-from nlq.studies.plan_design import Design, check_design
+from nlq.studies.plan_design import Design
 from nlq.studies.plan_plots import plot_curve, plot_one_lr, plot_test
 from nlq.studies.plan_sections import (
+    lost_endpoints,
+    lost_lines,
     no_effect,
     one_lr_secondaries,
     pairs_of,
@@ -51,13 +53,7 @@ def build_plan_report(study_dir: Path, study: dict) -> str:
     was registered even if the plan file changes."""
     study = upgraded_study(study)
     if not isinstance(study.get("design"), Design):  # a study.json read by another reader than read_study
-        study["design"] = check_design(study.get("design"), str(study_dir / "study.json"))
-    arms = {v.get("name") for v in study.get("arms", []) if isinstance(v, dict)}
-    named = study["design"].primary + study["design"].secondary
-    if arms and not set(named) <= arms:
-        missing = sorted(set(named) - arms)
-        raise UserError(f"{study_dir / 'study.json'}: its design names arm {missing[0]!r}, which is none of its arms "
-                        f"({', '.join(sorted(arms))}); run the study again from its plan to rewrite it")
+        study = checked_plan_study(study, Path(study_dir))
     return FLOWS[study["design"].kind](study_dir, study)
 
 
@@ -93,7 +89,7 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     if len(pairs) < len(tested):
         lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it "
-                  "shows.", ""]
+                  "shows.", ""] + lost_lines(lost_endpoints(study_dir, study["runs"], s), s)
         return write_outcome(study_dir, lines, outcome)
     outcome |= decided(study, study_dir, pairs)
     decision = outcome["decision"]
@@ -220,6 +216,8 @@ def grid_report(study_dir: Path, study: dict) -> str:
     if len(pairs) + len(diverged) < len(seeds):
         lines += [f"{len(pairs) + len(diverged)} of {len(s.seeds)} test pairs have ended. The test is computed once "
                   "all have: no endpoint is shown before."]
+        lost = lost_endpoints(study_dir, run_records(study_dir, study), s)
+        lines += [""] + lost_lines(lost, s)[:1] if lost else []
         return write_outcome(study_dir, lines, outcome)
     outcome |= decided(study, study_dir, pairs) | {"diverged_pairs": diverged}
     decision = outcome["decision"]

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from nlq.fileio import read_json
+from nlq.runs.rundir import DIVERGED
 from nlq.studies.engine import run_dir_of
 from nlq.studies.plan import reference_of
 from nlq.studies.stats import (
@@ -260,6 +261,30 @@ def pairs_of(loss: dict, baseline: str, arm: str, seeds: list[int], tpp: float, 
 
     return [(seed, value(baseline, seed), value(arm, seed)) for seed in seeds
             if value(baseline, seed) is not None and value(arm, seed) is not None]
+
+
+def lost_endpoints(study_dir: Path, records: list[dict], s: dict) -> list[str]:
+    """The runs at the primary budget whose summary.json exists but holds no endpoint (missing or null) and that did
+    not diverge: counted as not finished, and named by the report so that none goes missing unseen."""
+    lost = []
+    for r in records:
+        if r.get("stage") != "budget" or r.get("tpp") != s.primary_tpp:
+            continue
+        run_dir = run_dir_of(study_dir, r)
+        path = run_dir / "summary.json"
+        if path.is_file() and not (run_dir / DIVERGED).is_file():
+            summary = read_json(path, "a run summary")
+            if not isinstance(summary, dict) or summary.get(s.endpoint) is None:
+                lost.append(r["name"])
+    return lost
+
+
+def lost_lines(lost: list[str], s: dict) -> list[str]:
+    if not lost:
+        return []
+    return [f"Counted as not finished: {len(lost)} run{'s' * (len(lost) > 1)} whose summary.json holds no "
+            f"{s.endpoint} (missing or null): {', '.join(lost)}. Train {'them' if len(lost) > 1 else 'it'} again "
+            "(delete the summary and run the study again) or restore the file.", ""]
 
 
 def sequential_end(study_dir: Path, s: dict) -> dict | None:
