@@ -303,6 +303,7 @@ def test_run_records_code_times_and_first_batch_equal_within_a_pair(byte_data, t
     record = records[("linear", 1)]
     assert record["first_batch"]["step"] == 0 and record["resumed_at_step"] is None
     assert record["started_utc"] <= record["ended_utc"] and record["ended_utc"].endswith("Z")
+    assert record["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # the kernels: AVX2 and AVX-512 differ
     from nlq.provenance import code_version
     assert record["code"] == code_version()
     branch = tiny_run_config(byte_data, model=tiny_model_config(vocab_size=257), max_steps=6, seed=1,

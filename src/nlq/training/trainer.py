@@ -304,12 +304,14 @@ class Trainer:
         """Where the run came from: the code commit, this process's UTC start and end (resumed_at_step: where it
         took over from an earlier process of the same run), and a hash of the run's first training batch (rank
         0's first micro-batch of the step the run starts at: 0, or the step of the checkpoint it branches from),
-        equal for every member of a pair."""
+        equal for every member of a pair), and the CPU kernels torch chose (ATEN_CPU_CAPABILITY sets them): runs
+        at AVX2 and AVX-512 kernels differ in the last bits from the first step on."""
         first_step = ckpt.step_of(Path(self.config.train.resume_from)) if self.config.train.resume_from else 0
         x, y = self.batches.batch(first_step, 0, self.env.world, 0, self.spec.accum)
         resumed = self.start_step if self.payload and "branched_from" not in self.payload else None
         record = {"code": code, "started_utc": started_utc, "ended_utc": utc_now(),
-                  "resumed_at_step": resumed, "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)}}
+                  "resumed_at_step": resumed, "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)},
+                  "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # which kernels: runs on other CPUs differ
         own = own_sources(self.config.model.placements.values())  # projections of the user's own: which code
         return record | ({"projections": own} if own else {})
 
