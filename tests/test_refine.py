@@ -59,6 +59,12 @@ def test_two_selection_seeds_pick_the_unstable_lr_and_refinement_picks_the_stabl
                    if c.train.seed in (10, 11, 12) and "tpp2" in name}
     assert refine_runs == {(q, lr, s) for q in ("linear", "nonlinear") for lr in (1e-3, 4e-3) for s in (10, 11, 12)}
     assert lrs_tested(trained) == {("linear", 1e-3), ("nonlinear", 1e-3)}  # pooled: 1.24 at 4e-3 against 1.05
+    report = (tmp_path / "refined-study" / "report.md").read_text()
+    assert "| linear | before | 0.004 | 0.001 | +0.0500 | 0.0000 | 2 of 2 |" in report
+    assert "| linear | after | 0.001 | 0.004 | +0.1900 |" in report and "changes linear (0.004 -> 0.001)" in report
+    assert "**Verdict: " in report  # the test read at the lrs it ran at
+    outcome = json.loads((tmp_path / "refined-study" / "verdict.json").read_text())
+    assert outcome["selected_lrs"] == {"linear": 1e-3, "mine": 1e-3}
 
 
 def test_a_refinement_that_only_reads_leaves_the_test_at_the_grids_selection(byte_data, tmp_path, monkeypatch):

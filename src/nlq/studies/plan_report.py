@@ -37,6 +37,7 @@ from nlq.studies.plan_selection import (
     borrowed_text,
     design_text,
     lr_curve,
+    refinement,
     selection_comparisons,
     selection_margins,
     selection_table,
@@ -175,14 +176,15 @@ def grid_report(study_dir: Path, study: dict) -> str:
     lines = header(study) + ["## The pre-registered test", "", design_text(study)]
     lines += arms_table(study_dir, budget_runs, s) + ["", "## Selection", ""]
     picked = endpoints(study_dir, study, s.selection_seeds)
-    chosen = selection(picked, s, arms)
+    chosen = selection(picked, s, s.selected_arms(arms)) | {
+        arm: {"means": {}, "lr": lr, "edge": False} for arm, lr in (s.pinned_lrs or {}).items()}
     curve = lr_curve(picked, s, arms)
     lines += selection_table(curve, chosen, s, arms) + borrowed_text(s)
     outcome = {"registered_pairs": len(s.seeds), "finished_pairs": {method: 0},
                "selected_lrs": {arm: chosen[arm]["lr"] for arm in chosen} or None,
                "at_edge": {arm: chosen[arm]["edge"] for arm in chosen}, "lr_curve": curve}
     if curve:
-        plot_curve(study_dir / "verdict_lr_curve.png", picked, curve, chosen, s, arms, study["name"])
+        plot_curve(study_dir / "verdict_lr_curve.png", picked, curve, chosen, s, s.selected_arms(arms), study["name"])
         lines += ["", "Plot: `verdict_lr_curve.png` (each run's endpoint against its peak lr, each arm's mean with its "
                   f"{s.confidence:.0%} interval over the selection seeds; the selected lrs circled)."]
     if any(arm not in chosen for arm in arms):
@@ -191,12 +193,20 @@ def grid_report(study_dir: Path, study: dict) -> str:
     out = [arm for arm in arms if chosen[arm]["lr"] is None]
     lines += ["", "Selected: " + ", ".join(f"{arm} {chosen[arm]['lr']:g}" + (" (at an edge after every extension)"
                                                                            if chosen[arm]["edge"] else "")
+                                           + (" (held there, not selected)" if arm in (s.pinned_lrs or {}) else "")
                                            for arm in arms if arm not in out) + "."]
     if out:
         lines.append(f"Out (every lr diverged): {', '.join(out)}; their comparisons are not made.")
     margin_lines, outcome["selection_margins"] = selection_margins(picked, chosen, s, arms)
-    lines += margin_lines + selection_comparisons(picked, chosen, s, baseline, method,
-                                                         reference_of(study).get("paper_claim"))
+    lines += margin_lines
+    if s.refine_seeds:
+        refine_lines, outcome["refinement"] = refinement(picked, endpoints(study_dir, study, s.refine_seeds), chosen, s)
+        lines += refine_lines
+        if s.refine_selects:  # the test ran at the firmer selection's lrs
+            for arm, read in outcome["refinement"].items():
+                chosen[arm] = chosen[arm] | {"lr": read["after"]["lr"]}
+                outcome["selected_lrs"][arm] = read["after"]["lr"]
+    lines += selection_comparisons(picked, chosen, s, baseline, method, reference_of(study).get("paper_claim"))
 
     runs = budget_runs
     loss = {(r["arm"], r["seed"], r["tpp"]): r for r in runs

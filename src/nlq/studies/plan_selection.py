@@ -8,7 +8,7 @@ import math
 
 from nlq.studies.borrow import borrowed_arms
 from nlq.studies.plan_sections import no_effect, reading
-from nlq.studies.selection import lr_means
+from nlq.studies.selection import lowest, lr_means
 from nlq.studies.stats import holm, mean_std, paired_difference
 from nlq.studies.tables import interval_text, markdown_table
 
@@ -36,13 +36,28 @@ def design_text(study: dict) -> str:
             f"{s.endpoint} "
             f"at {s.primary_tpp:g} tokens per parameter (an lr with a diverged run is out; a tie goes to the lower "
             f"lr); a best lr at an edge of what was tried extends the grid by x{s.edge_factor:g} that way (at most "
-            f"{s.max_extensions} times), until the best is inside or the next lr diverges. Test: every arm at its "
+            f"{s.max_extensions} times), until the best is inside or the next lr diverges."
+            + _pinned_text(s) + " Test: every arm at its "
             f"selected lr on {len(s.seeds)} seeds ({s.seeds[0]}-{s.seeds[-1]}), the primary arms first; "
             f"Δ = {s.endpoint}({method}) - {s.endpoint}({baseline}) per seed (positive: {method} worse); the "
             f"mean Δ with its {s.confidence:.0%} paired t interval and the equivalence test (two one-sided t tests "
             f"at {s.alpha:g}, margin ±{s.margin:g} nats). Decision rule: the interval below 0: {method} better; "
             f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
             f"inconclusive. A test pair with a diverged run leaves the test and is listed.")
+
+
+def _pinned_text(s: dict) -> str:
+    """The arms held at an lr of their own and the firmer selection, in words (empty for a plan with neither)."""
+    text = ""
+    if s.pinned_lrs:
+        text += " Held at an lr of their own, not selected: " + ", ".join(
+            f"{arm} at {lr:g} (min lr {s.min_lr_at(lr):g})" for arm, lr in s.pinned_lrs.items()) + "."
+    if s.refine_seeds:
+        text += (f" The firmer selection: the two best lrs of {', '.join(s.refined_arms)} also train on seeds "
+                 f"{', '.join(map(str, s.refine_seeds))}, and the lowest mean over every selection seed "
+                 + ("selects the lr tested." if s.refine_selects else "is read beside the test (it changes no "
+                                                                      "test)."))
+    return text
 
 
 def lr_curve(picked: dict, s: dict, arms: list[str]) -> dict:
@@ -81,34 +96,80 @@ def selection_table(curve: dict, chosen: dict, s: dict, arms: list[str]) -> list
                            "diverged"], rows)
 
 
+def firmness(picked: dict, arm: str, best: float | None, seeds: list[int]) -> dict | None:
+    """How firm one arm's selection of `best` is on these seeds: the runner-up lr (the next lowest mean among the lrs
+    whose runs on every seed ended finite), the margin (runner-up - selected, mean over the seeds) with the paired sd
+    of that difference, and on how many seeds the selected lr was the best of those lrs. None without a runner-up."""
+    means = {lr: m for lr, m in lr_means(picked, arm, seeds).items() if m is not None}
+    runner_up = min((lr for lr in means if lr != best), key=lambda lr: (means[lr], lr), default=None)
+    if best is None or runner_up is None:
+        return None
+    d = [picked[(arm, runner_up, seed)] - picked[(arm, best, seed)] for seed in seeds]
+    won = sum(all(picked[(arm, best, seed)] <= picked[(arm, lr, seed)] for lr in means) for seed in seeds)
+    return {"lr": best, "runner_up": runner_up, "margin": sum(d) / len(d), "sd": mean_std(d)[1], "won": won}
+
+
+def firmness_table(rows: dict, seeds: int) -> list[str]:
+    return markdown_table(["arm", "selected", "runner-up", "margin", "paired sd",
+                           "selection seeds where the selected lr was best"],
+                          [[arm, f"{r['lr']:g}", f"{r['runner_up']:g}", f"{r['margin']:+.4f}", f"{r['sd']:.4f}",
+                            f"{r['won']} of {seeds}"] for arm, r in rows.items()])
+
+
 def selection_margins(picked: dict, chosen: dict, s: dict, arms: list[str]) -> tuple[list[str], dict]:
-    """How firm each selection is: the runner-up lr (the next lowest mean), the margin (runner-up - selected, mean over
-    the selection seeds) with the paired sd of that difference, and on how many selection seeds the selected lr was
-    the best of every lr the arm tried with finite runs. A close call: not best on every seed."""
-    seeds, rows = s.selection_seeds, {}
-    for arm in arms:
-        best = chosen[arm]["lr"]
-        means = {lr: m for lr, m in lr_means(picked, arm, seeds).items() if m is not None}
-        runner_up = min((lr for lr in means if lr != best), key=lambda lr: (means[lr], lr), default=None)
-        if best is None or runner_up is None:
-            continue
-        d = [picked[(arm, runner_up, seed)] - picked[(arm, best, seed)] for seed in seeds]
-        won = sum(all(picked[(arm, best, seed)] <= picked[(arm, lr, seed)] for lr in means) for seed in seeds)
-        rows[arm] = {"lr": best, "runner_up": runner_up, "margin": sum(d) / len(d), "sd": mean_std(d)[1], "won": won}
+    """How firm each selection is (firmness on the selection seeds). A close call: not best on every seed."""
+    seeds = s.selection_seeds
+    rows = {arm: row for arm in arms if arm in chosen and (row := firmness(picked, arm, chosen[arm]["lr"], seeds))}
     if not rows:
         return [], rows
     lines = ["", "How firm each selection is (the runner-up: the lr with the next lowest mean; margin = its mean - the "
              f"selected lr's, with the paired sd of that difference over the {len(seeds)} selection seeds):", ""]
-    lines += markdown_table(["arm", "selected", "runner-up", "margin", "paired sd",
-                             "selection seeds where the selected lr was best"],
-                            [[arm, f"{r['lr']:g}", f"{r['runner_up']:g}", f"{r['margin']:+.4f}", f"{r['sd']:.4f}",
-                              f"{r['won']} of {len(seeds)}"] for arm, r in rows.items()])
+    lines += firmness_table(rows, len(seeds))
     close = [f"{arm} ({r['won']} of {len(seeds)})" for arm, r in rows.items() if r["won"] < len(seeds)]
     if close:
         lines += ["", f"Close calls (the selected lr not the best on every selection seed): {', '.join(close)}. "
                   "Another draw of selection seeds could have selected another lr for them; the test holds each arm "
                   "at the lr selected, as registered."]
     return lines, rows
+
+
+def refinement(picked: dict, refined: dict, chosen: dict, s: dict) -> tuple[list[str], dict]:
+    """The firmer selection (design.refine_seeds): each refined arm's two best grid lrs on the selection seeds and the
+    refine seeds together (refined: its endpoints on the refine seeds), the lr of the lowest pooled mean and how firm
+    it is, beside the grid's selection on the selection seeds alone; whether the test used it."""
+    seeds = s.selection_seeds + s.refine_seeds
+    pooled = picked | refined
+    rows, before = {}, {}
+    for arm in s.refined_arms:
+        means = {lr: m for lr, m in lr_means(pooled, arm, seeds).items() if m is not None}
+        if arm not in chosen or not means or not all((arm, lr, seed) in refined for lr in means
+                                                     for seed in s.refine_seeds):
+            continue
+        rows[arm] = firmness(pooled, arm, lowest(means), seeds) or {"lr": lowest(means)}
+        before[arm] = firmness(picked, arm, chosen[arm]["lr"], s.selection_seeds)
+    if not rows:
+        if s.refined_arms:
+            return ["", f"The firmer selection ({', '.join(s.refined_arms)} on seeds "
+                    f"{', '.join(map(str, s.refine_seeds))}) has not ended yet."], {}
+        return [], {}
+    used = "the test used it" if s.refine_selects else ("a reading: the test keeps the grid's selection "
+                                                         "(refine_selects = false)")
+    lines = ["", f"The firmer selection ({used}): each refined arm's two best grid lrs trained on seeds "
+             f"{', '.join(map(str, s.refine_seeds))} too; the lr with the lowest mean over all {len(seeds)} seeds "
+             f"is selected. Before: the grid's selection on the {len(s.selection_seeds)} selection seeds; after: on "
+             f"all {len(seeds)}.", ""]
+    table = []
+    for arm, after in rows.items():
+        for label, r, n in (("before", before[arm], len(s.selection_seeds)), ("after", after, len(seeds))):
+            if r and "runner_up" in r:
+                table.append([arm, label, f"{r['lr']:g}", f"{r['runner_up']:g}", f"{r['margin']:+.4f}",
+                              f"{r['sd']:.4f}", f"{r['won']} of {n}"])
+    lines += markdown_table(["arm", "selection", "selected", "runner-up", "margin", "paired sd",
+                             "seeds where the selected lr was best"], table)
+    changed = [f"{arm} ({chosen[arm]['lr']:g} -> {r['lr']:g})" for arm, r in rows.items()
+               if r["lr"] != chosen[arm]["lr"]]
+    lines += ["", "The firmer selection changes " + (", ".join(changed) if changed else "no arm's lr") + "."]
+    return lines, {arm: {"before": before[arm], "after": r} for arm, r in rows.items()}
 
 
 def paper_protocol_lr(method_lr: float, baseline_lrs: list[float], ratio: float) -> float:
@@ -130,6 +191,8 @@ def selection_comparisons(picked: dict, chosen: dict, s: dict, baseline: str, me
                                  s.confidence)
 
     shared = sorted({lr for (a, lr, _) in picked if a == method} & {lr for (a, lr, _) in picked if a == baseline})
+    if not shared:  # a pinned arm has no grid to compare at
+        return []
     rows = [(lr, pair((method, lr), (baseline, lr))) for lr in shared]
     adjusted = holm([p["p"] if math.isfinite(p["p"]) else 1.0 for _, p in rows])
     lines = ["", f"Illustrations on the selection seeds (declared; not tests): {method} - {baseline} at each lr both "
