@@ -3,6 +3,7 @@
 
 import json
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,8 @@ from helpers import fake_training
 from nlq.errors import UserError
 from nlq.studies.plan import load_plan
 from test_plans import plan_text, to_toml
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 GRID = {"lrs": [1e-3, 4e-3], "min_lr_ratio": 0.1, "edge_factor": 2.0, "max_extensions": 0, "selection_seeds": [8, 9]}
 
@@ -131,3 +134,18 @@ def test_a_borrowed_arm_is_refined_only_as_a_reading():
     with pytest.raises(UserError, match="design.refine_selects is true, but linear-qknorm is borrowed"):
         read_plan(raw)
     json.dumps(raw)
+
+
+def test_a_study_whose_selection_is_all_borrowed_or_pinned_starts_with_its_refinement(tmp_path):
+    """qknorm-4e-3 trains nothing in its selection (every selected arm borrowed): its first stage is the refinement,
+    so two shards can share it."""
+    from nlq.studies.registry import get_study
+
+    study = get_study("qknorm-4e-3")
+    results = tmp_path / "results"
+    results.mkdir()
+    for source in ("verdict-lr", "gate-lr"):
+        (results / source).symlink_to(RESULTS / source)
+    first = next(iter(study.run_stages(results / "qknorm-4e-3")))
+    assert {(r.arm.name, r.lr, r.seed) for r in first} == {("linear-qknorm", lr, seed) for lr in (4e-3, 8e-3)
+                                                           for seed in (204, 205, 206)}

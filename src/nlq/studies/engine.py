@@ -97,7 +97,8 @@ def selected_lrs(study: Study, study_dir: Path):
         ended = endpoints(study_dir, records_of(study, trained), s.selection_seeds)
         return {arm: lr_means(ended, arm, s.selection_seeds) for arm in arms}
 
-    yield trained
+    if trained:  # an lr rule whose arms are all borrowed or pinned trains nothing here
+        yield trained
     asked = set()
     while True:  # the edge rule: one more lr per arm at an edge, stage by stage, until no arm asks for one
         now = means()
@@ -137,7 +138,8 @@ def refined_lrs(study: Study, study_dir: Path, selection: dict):
     best = {arm: two_best(lr_means(selection, arm, s.selection_seeds)) for arm in s.refined_arms}
     best = {arm: lrs for arm, lrs in best.items() if lrs}
     runs = chains(study, study_dir, s.refine_seeds, best, borrowed_too=True)
-    yield runs
+    if runs:
+        yield runs
     ended = endpoints(study_dir, records_of(study, runs), s.refine_seeds)
     if any((arm, lr, seed) not in ended for arm, lrs in best.items() for lr in lrs for seed in s.refine_seeds):
         raise UserError(f"the refinement runs of {study.name} have not all ended; run the study again to finish them")
