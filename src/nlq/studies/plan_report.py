@@ -10,6 +10,7 @@ plots).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from nlq.config import RunConfig
@@ -20,6 +21,7 @@ from nlq.studies.engine import endpoints, run_dir_of, run_records
 from nlq.studies.plan import reference_of
 from nlq.studies.plan_design import Design
 from nlq.studies.plan_plots import plot_curve, plot_one_lr, plot_test
+from nlq.studies.plan_robust import lr_sensitivity, robust_section
 from nlq.studies.plan_sections import (
     lost_endpoints,
     lost_lines,
@@ -98,6 +100,8 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     outcome |= facts
     lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, facts)
     lines += one_lr_secondaries(loss, s, baseline, method)
+    robust_lines, outcome["robust"] = robust_section(loss, s, s.primary + s.secondary, tested, pairs)
+    lines += robust_lines
     lines += ["", "Plot: `verdict_deltas.png` (each seed's Δ, the mean with its 95% interval, the equivalence "
               "margins).", ""]
     plot_one_lr(study_dir / "verdict_deltas.png", loss, s, baseline, study["name"])
@@ -206,6 +210,8 @@ def grid_report(study_dir: Path, study: dict) -> str:
             for arm, read in outcome["refinement"].items():
                 chosen[arm] = chosen[arm] | {"lr": read["after"]["lr"]}
                 outcome["selected_lrs"][arm] = read["after"]["lr"]
+    sensitivity_lines, outcome["lr_sensitivity"] = lr_sensitivity(picked, s, arms, uniform_loss(study_dir, study))
+    lines += sensitivity_lines
     lines += selection_comparisons(picked, chosen, s, baseline, method, reference_of(study).get("paper_claim"))
 
     runs = budget_runs
@@ -243,11 +249,24 @@ def grid_report(study_dir: Path, study: dict) -> str:
         kept = [arm for arm in arms if arm not in out]
         outcome["seeds_with_every_arm"] = sum(all((arm, seed, s.primary_tpp) in loss for arm in kept)
                                               for seed in s.seeds)
+    robust_lines, outcome["robust"] = robust_section(loss, s, [arm for arm in arms if arm not in out], seeds, pairs)
+    lines += robust_lines
     plot_test(study_dir / "verdict_lr_test.png", pairs, family, s, baseline, method, study["name"])
     lines += ["", "Plot: `verdict_lr_test.png` (each test seed's Δ, the mean with its interval, the equivalence "
               "margins; beside it the secondary comparisons once they are in)."]
     write_runs_csv(study_dir / "results.csv", runs, csv_columns(runs))
     return write_outcome(study_dir, lines, outcome)
+
+
+def uniform_loss(study_dir: Path, study: dict) -> float:
+    """The loss of a uniform prediction, ln(vocabulary) (ln(classes) for a classifier), from a run's config.json:
+    where the lr sensitivity caps an endpoint and counts a diverged run."""
+    for record in run_records(study_dir, study):
+        path = run_dir_of(study_dir, record) / "config.json"
+        if path.is_file():
+            model = read_json(path, "a run's config").get("model", {})
+            return math.log(model.get("classes") or model.get("vocab_size") or 2)
+    return math.nan
 
 
 def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:

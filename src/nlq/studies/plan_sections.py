@@ -208,17 +208,12 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
                         "computed once all have."], []
     value = {(arm, seed): loss[(arm, seed, tpp)][key] for arm in arms for seed in complete}
     rows, per_seed = [], []
-    for member in s.secondary_family or [[arm, s.primary[0]] for arm in s.secondary]:
+    for member in family_members(s):
+        label, diffs = member_diffs(member, value, complete, s)
         if member == "interaction":
-            (nq, lq), (n, ln) = s.secondary[::-1], s.primary[::-1]  # [baseline, method] of each pair
-            diffs = [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)])
-                     for seed in complete]
-            label = f"interaction: ({nq} - {lq}) - ({n} - {ln})"
             p, base = paired_difference(diffs, [0.0] * len(diffs), s.confidence), None
         else:
             arm, baseline = member
-            label = f"{arm} - {baseline}"
-            diffs = [value[(arm, seed)] - value[(baseline, seed)] for seed in complete]
             p = paired_difference([value[(arm, seed)] for seed in complete],
                                   [value[(baseline, seed)] for seed in complete], s.confidence)
             base = mean_std([value[(baseline, seed)] for seed in complete])[0]
@@ -244,6 +239,23 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
         fragile += one_pair_lines(one_pair_decides(complete, diffs, s.confidence, words_of),
                                   f"the reading of {row['comparison']}")
     return lines + ([""] + fragile if fragile else []), rows
+
+
+def family_members(s: dict) -> list:
+    """The declared family: design.secondary_family, or each secondary arm against the baseline."""
+    return s.secondary_family or [[arm, s.primary[0]] for arm in s.secondary]
+
+
+def member_diffs(member, value: dict, seeds: list[int], s: dict) -> tuple[str, list[float]]:
+    """A family member's label and per-seed Δ (value: (arm, seed) -> endpoint): [arm, baseline] is arm - baseline;
+    "interaction", with two secondary arms [baseline', method'] beside the primary [baseline, method], is
+    (method' - baseline') - (method - baseline)."""
+    if member == "interaction":
+        (nq, lq), (n, ln) = s.secondary[::-1], s.primary[::-1]  # [baseline, method] of each pair
+        return (f"interaction: ({nq} - {lq}) - ({n} - {ln})",
+                [(value[(nq, seed)] - value[(lq, seed)]) - (value[(n, seed)] - value[(ln, seed)]) for seed in seeds])
+    arm, baseline = member
+    return f"{arm} - {baseline}", [value[(arm, seed)] - value[(baseline, seed)] for seed in seeds]
 
 
 def no_effect(study: dict) -> str:
