@@ -135,3 +135,44 @@ def test_an_image_folder_is_split_and_recorded_and_a_bad_one_is_one_line(tmp_pat
     with pytest.raises(UserError, match="cannot read .*bad.png as an image"):
         prepare_labelled(f"imagefolder:{tmp_path / 'broken'}", tmp_path / "o5", log=lambda *_: None)
     assert not any((tmp_path / name).exists() for name in ("o3", "o4", "o5"))
+
+
+def test_a_seed_splits_the_digits_again_the_same_for_both_arms_of_a_pair(tmp_path):
+    """data.split=seed: two seeds give two different splits (train and test disjoint within each, every image in
+    one of them, each class keeping its share of the test split); the arms of a pair (one seed, two queries) train and
+    score on the same one, and each run records its hash."""
+    pytest.importorskip("sklearn")
+    from helpers import tiny_model_config
+    from nlq.config import DataConfig, RunConfig, TrainConfig
+    from nlq.data.labelled import load_labelled, seeded_split
+    from nlq.training.inputs import load_inputs
+
+    prepare_labelled("digits", tmp_path / "d", log=lambda *_: None)
+    arrays, _ = load_labelled(tmp_path / "d")
+    pooled = np.concatenate([arrays["train_x"], arrays["test_x"]]).reshape(1797, -1)
+    splits = {}
+    for seed in (211, 212):
+        split, info = seeded_split(arrays, seed)
+        train, test = split["train_x"].reshape(len(split["train_y"]), -1), split["test_x"].reshape(360, -1)
+        assert (info["train_examples"], info["test_examples"]) == (1437, 360)
+        as_rows = {row.tobytes(): i for i, row in enumerate(pooled)}  # the 1,797 images are distinct
+        train_ids, test_ids = {as_rows[r.tobytes()] for r in train}, {as_rows[r.tobytes()] for r in test}
+        assert not train_ids & test_ids and len(train_ids | test_ids) == 1797
+        counts = np.bincount(split["test_y"], minlength=10)
+        assert all(abs(c - 36) <= 1 for c in counts)  # stratified: about 36 of each digit
+        splits[seed] = (test_ids, info["hash"])
+    assert splits[211][0] != splits[212][0] and splits[211][1] != splits[212][1]
+    assert seeded_split(arrays, 211)[1] == seeded_split(arrays, 211)[1]
+
+    def inputs(query, seed, split="seed"):
+        model = tiny_model_config(classes=10, causal=False, input_dims=2, input_size=8, in_channels=1, patch_size=2,
+                                  block_size=17, query=query)
+        return load_inputs(RunConfig(model=model, data=DataConfig(dir=str(tmp_path / "d"), split=split),
+                                     train=TrainConfig(objective="classify", seed=seed)))
+
+    linear, nonlinear = inputs("linear", 211), inputs("nonlinear", 211)
+    assert np.array_equal(linear.arrays["test_x"], nonlinear.arrays["test_x"])
+    assert linear.summary()["split"] == nonlinear.summary()["split"] == seeded_split(arrays, 211)[1]
+    assert not np.array_equal(linear.arrays["test_x"], inputs("linear", 212).arrays["test_x"])
+    fixed = inputs("linear", 211, split="fixed")  # the committed studies' split, unchanged
+    assert np.array_equal(fixed.arrays["test_x"], arrays["test_x"]) and "split" not in fixed.summary()

@@ -214,10 +214,15 @@ class DataConfig:
                                                                     "(data/tasks.py) instead of token shards")
     task_vocab: int = setting(64, "task keys and values each (mqar, lookup), or data tokens (selective-copy)")
     task_pairs: int = setting(8, "task: stored key-value pairs, or tokens to copy")
+    split: Literal["fixed", "seed"] = setting("fixed", "labelled examples: the prepared train/test split, or seed: "
+                                                       "all of them split again, stratified, by train.seed (the arms "
+                                                       "of a pair share it; summary.json records its hash)")
 
     def __post_init__(self) -> None:
         _check_literals(self, "data")
         _check(self.eval_windows > 0, f"data.eval_windows={self.eval_windows} must be > 0")
+        _check(not (self.task and self.split == "seed"),
+               f"data.split=seed re-splits prepared labelled examples, and data.task={self.task} has none; use fixed")
         _check(not (self.task and self.final_eval == "full"),
                f"data.final_eval=full scores a prepared val split, and data.task={self.task} has none; use windows")
 

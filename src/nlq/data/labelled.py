@@ -222,6 +222,29 @@ def _prepare_labelled(spec: str, out: Path, overwrite: bool, log) -> dict:
     return meta
 
 
+def seeded_split(arrays: dict[str, np.ndarray], seed: int) -> tuple[dict[str, np.ndarray], dict]:
+    """The prepared examples pooled (train, then test) and split again, stratified by class, by a permutation drawn
+    from `seed` (a run's train.seed: the two arms of a pair get the same split, two seeds different ones); each
+    class keeps its share of the prepared test split (largest remainders), so the test split keeps its size. Returns
+    the arrays and what identifies the split: the seed, its sizes and a hash of the pooled indices of its test
+    examples."""
+    x = np.concatenate([arrays["train_x"], arrays["test_x"]])
+    y = np.concatenate([arrays["train_y"], arrays["test_y"]])
+    labels, sizes = np.unique(y, return_counts=True)
+    quota = sizes * len(arrays["test_y"]) / len(y)
+    take = np.floor(quota).astype(int)  # then the largest remainders, so that the test split keeps its size
+    take[np.argsort(-(quota - take), kind="stable")[:len(arrays["test_y"]) - take.sum()]] += 1
+    rng = np.random.default_rng([SPLIT_SEED, seed])
+    test = []
+    for label, k in zip(labels, take):
+        test.append(rng.permutation(np.flatnonzero(y == label))[:k])
+    test = np.sort(np.concatenate(test))
+    train = np.setdiff1d(np.arange(len(y)), test)
+    split = {"seed": seed, "train_examples": int(len(train)), "test_examples": int(len(test)),
+             "hash": hashlib.blake2b(test.astype(np.int64).tobytes(), digest_size=8).hexdigest()}
+    return {"train_x": x[train], "train_y": y[train], "test_x": x[test], "test_y": y[test]}, split
+
+
 def is_labelled_dir(directory: str | Path) -> bool:
     path = Path(directory) / "meta.json"
     return path.is_file() and read_json(path, "the meta of a prepared dataset").get("kind") == KIND

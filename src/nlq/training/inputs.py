@@ -13,7 +13,7 @@ import torch
 
 from nlq.config import RunConfig, TrainConfig
 from nlq.data.batches import BatchPlan
-from nlq.data.labelled import is_labelled_dir, load_labelled
+from nlq.data.labelled import is_labelled_dir, load_labelled, seeded_split
 from nlq.data.shards import TokenData, load_data
 from nlq.data.tasks import Task, TaskEvalSet, TaskPlan
 from nlq.errors import UserError
@@ -179,6 +179,9 @@ class LabelledInputs:
     def __init__(self, config: RunConfig):
         self.config = config
         self.arrays, self.meta = load_labelled(config.data.dir)
+        self.split = None  # the prepared split; data.split=seed: a stratified split drawn from train.seed
+        if config.data.split == "seed":
+            self.arrays, self.split = seeded_split(self.arrays, config.train.seed)
         m, shape = config.model, self.meta["splits"]["train"]["shape"]
         expected = [m.input_size, m.in_channels] if m.input_dims == 1 else [m.in_channels, m.input_size, m.input_size]
         if config.train.objective != "classify" or shape != expected or self.meta["classes"] > m.classes:
@@ -207,7 +210,8 @@ class LabelledInputs:
         return None
 
     def summary(self) -> dict:
-        return {"unigram_entropy": None, "data_content_hash": self.meta["content_hash"]}
+        return {"unigram_entropy": None, "data_content_hash": self.meta["content_hash"]} | (
+            {"split": self.split} if self.split else {})
 
 
 def load_inputs(config: RunConfig) -> CorpusInputs | TaskInputs | LabelledInputs:
@@ -215,6 +219,9 @@ def load_inputs(config: RunConfig) -> CorpusInputs | TaskInputs | LabelledInputs
         return TaskInputs(config)
     if config.data.dir and is_labelled_dir(config.data.dir):
         return LabelledInputs(config)
+    if config.data.split == "seed":
+        raise UserError(f"data.split=seed splits labelled examples again, and {config.data.dir or 'the data'} holds a "
+                        "text corpus, whose val split is fixed; leave data.split at fixed")
     if config.train.objective == "classify":
         raise UserError("train.objective=classify needs labelled examples: --data DIR made by nlq prepare --source "
                         "mnist1d (or digits)")
