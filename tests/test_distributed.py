@@ -71,6 +71,18 @@ def test_a_gated_model_in_two_processes_matches_one_process(byte_data, tmp_path,
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_differential_model_in_two_processes_matches_one_process(byte_data, tmp_path, strategy):
+    """Differential attention's lambda vectors are sharded and reduced like any other weight under DDP and FSDP2."""
+    diff = ["--model.attention=differential"]
+    result = torchrun("train", "--data", byte_data, "--out", tmp_path / "dist", *TINY, "--train.max_steps=6",
+                      f"--dist.strategy={strategy}", *diff)
+    assert result.returncode == 0, result.stderr[-3000:]
+    single(byte_data, tmp_path / "one", *diff)
+    assert json.loads((tmp_path / "dist" / "config.json").read_text())["model"]["attention"] == "differential"
+    assert_same_curve(curve(tmp_path / "dist"), curve(tmp_path / "one"))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_checkpoint_from_two_processes_resumes_in_one(byte_data, tmp_path, strategy):
     result = torchrun("train", "--data", byte_data, "--out", tmp_path / "run", *TINY, "--train.max_steps=3",
                       "--train.decay_steps=6", f"--dist.strategy={strategy}")

@@ -55,7 +55,8 @@ def test_linear_run_exports_as_plain_gpt2(byte_data, tmp_path):
 
 
 @pytest.mark.parametrize("changes", [dict(query="nonlinear"), dict(query="identity"),
-                                     dict(query="nonlinear", qk_norm=True, position="rope", n_kv_head=1)])
+                                     dict(query="nonlinear", qk_norm=True, position="rope", n_kv_head=1),
+                                     dict(attention="differential", position="rope"), dict(attn_out_norm=True)])
 def test_other_variants_export_as_custom_code_with_the_same_logits(byte_data, tmp_path, changes):
     run = trained_run(byte_data, tmp_path, **changes)
     from nlq.interop.export import export_hf

@@ -8,6 +8,7 @@ and the KV cache of incremental decoding.
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,48 @@ from torch import nn
 
 from nlq.config import ModelConfig
 from nlq.errors import UserError
+
+
+def lambda_init(layer: int) -> float:
+    """Differential attention's lambda_init at block `layer` (from 0): 0.8 - 0.6 exp(-0.3 layer), the paper's
+    0.8 - 0.6 exp(-0.3 (l - 1)) for l from 1, as transformers' DiffLlama computes it."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer)
+
+
+class DifferentialLambda(nn.Module):
+    """lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init: one scalar per block, from
+    four learned vectors of the head size (drawn N(0, 0.1), as the paper's code and DiffLlama draw them)."""
+
+    STD = 0.1
+
+    def __init__(self, head_size: int, layer: int):
+        super().__init__()
+        self.init = lambda_init(layer)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, name, nn.Parameter(torch.zeros(head_size)))
+        self.reset()
+
+    def reset(self, generator: torch.Generator | None = None) -> None:
+        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(p, mean=0.0, std=self.STD, generator=generator)
+
+    def forward(self) -> torch.Tensor:
+        dtype = torch.promote_types(self.lambda_q1.dtype, torch.float32)  # at least fp32, as DiffLlama sums
+        one = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dtype=dtype))
+        two = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dtype=dtype))
+        return one - two + self.init  # () scalar
+
+
+def differential_heads(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
+                       init: float, eps: float) -> torch.Tensor:
+    """Differential attention on q, k, v of (B, nh, T, hs) (k and v already expanded to nh heads): head j and head
+    j + nh/2 share the value [v_j | v_(j + nh/2)] of width 2 hs; (softmax_1 - lambda softmax_2) of it, each head
+    RMS-normalised over its 2 hs (no weights) and scaled by 1 - lambda_init. attend(q, k, v) is the softmax
+    attention. Returns (B, nh/2, T, 2 hs)."""
+    half = q.size(1) // 2
+    value = torch.cat([v[:, :half], v[:, half:]], dim=-1)  # (B, nh/2, T, 2 hs)
+    y = attend(q[:, :half], k[:, :half], value) - lam.to(q.dtype) * attend(q[:, half:], k[:, half:], value)
+    return (1 - init) * F.rms_norm(y, (y.size(-1),), eps=eps)
 
 
 class PatchStem(nn.Module):

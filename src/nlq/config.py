@@ -103,6 +103,11 @@ class ModelConfig:
     attn_gate: Literal["none", "elementwise", "headwise"] = setting(
         "none", "output gate (Qiu et al. 2025, Qwen3-Next): the attention output times sigmoid(X W_g) before W_O, X "
                 "the block's normalised input; elementwise: W_g d x d, headwise: d x n_head (one gate per head)")
+    attention: Literal["softmax", "differential"] = setting(
+        "softmax", "differential (Ye et al. 2025): heads h and h + n_head/2 form one head, softmax_1 - lambda "
+                   "softmax_2 over values of twice the width, RMS-normalised and scaled by 1 - lambda_init")
+    attn_out_norm: bool = setting(False, "the differential head's norm on ordinary softmax attention: each head's "
+                                         "output RMS-normalised and scaled by 1 - lambda_init (a control)")
 
     def __post_init__(self) -> None:
         if self.projections.q is not None:  # one name per field: model.projections.q is read as model.query
@@ -145,6 +150,11 @@ class ModelConfig:
                f"model.n_kv_head={self.n_kv_head} must divide model.n_head={self.n_head}")
         _check(kv == self.n_head or (self.projections.k == "linear" and self.projections.v == "linear"),
                f"model.n_kv_head={self.n_kv_head} (grouped-query attention) needs linear key and value projections")
+        if self.attention == "differential":
+            _check(self.n_head % 2 == 0 and kv % 2 == 0, "model.attention=differential pairs heads h and h + "
+                   f"n_head/2: it needs an even n_head and n_kv_head (got {self.n_head} and {kv})")
+            _check(self.attn_gate == "none" and not self.attn_out_norm, "model.attention=differential has its own "
+                   "output norm; leave model.attn_gate=none and model.attn_out_norm=false")
 
     def _check_classifier(self) -> None:
         _check(self.classes > 1, f"model.classes={self.classes}: a classifier needs at least 2 classes (0: a language "
@@ -193,6 +203,7 @@ class ModelConfig:
         positions = self.block_size * d if self.position == "learned" else 0
         embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2) + positions
         attention = 3 * d * d + max(d * d, 2 * d * self.rank) + d * self.gate_width
+        attention += 4 * self.head_size * (self.attention == "differential")  # the lambda vectors
         return embeddings + self.n_layer * (attention + 2 * d * self.mlp_hidden)
 
     @property

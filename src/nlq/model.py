@@ -18,7 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nlq.components import ClassHead, KVCache, LayerCache, PatchStem, check_input, head_loss
+from nlq.components import (
+    ClassHead,
+    DifferentialLambda,
+    KVCache,
+    LayerCache,
+    PatchStem,
+    check_input,
+    differential_heads,
+    head_loss,
+    lambda_init,
+)
 from nlq.config import ModelConfig
 from nlq.projections import build_projection
 
@@ -39,7 +49,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = cfg.n_head, cfg.kv_heads, cfg.head_size
         self.causal, self.impl, self.dropout = cfg.causal, cfg.attn_impl, cfg.dropout
@@ -67,6 +77,12 @@ class Attention(nn.Module):
         if not cfg.qk_norm:
             multiplier *= self.q_proj.output_scale * self._k_output_scale()
         self.scale = cfg.attn_scale or multiplier / math.sqrt(cfg.head_size)
+        # Differential attention (components.differential_heads) or its norm alone on softmax heads (a control)
+        self.differential, self.out_norm = cfg.attention == "differential", cfg.attn_out_norm
+        self.norm_eps = cfg.norm_eps
+        if self.differential:
+            self.lambdas = DifferentialLambda(cfg.head_size, layer)
+        self.lambda_init = lambda_init(layer)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.fused_input = True  # one matmul for q, k, v (False: one per projection; tests compare the two)
 
@@ -118,14 +134,20 @@ class Attention(nn.Module):
         if self.n_kv_head != self.n_head:  # grouped-query attention: each kv head serves n_head / n_kv_head queries
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
-        if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout,
-                is_causal=self.causal and attn_mask is None, scale=self.scale,
-            )  # (B, nh, T, hs)
+
+        def attend(q, k, v):  # softmax(q k^T * scale + mask) v: (B, h, T, hs_v)
+            if self.impl == "sdpa":
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout,
+                                                      is_causal=self.causal and attn_mask is None, scale=self.scale)
+            return self._math_attention(q, k, v, attn_mask, dropout)
+
+        if self.differential:  # (B, nh/2, T, 2 hs): heads j and j + nh/2 as one
+            y = differential_heads(attend, q, k, v, self.lambdas(), self.lambda_init, self.norm_eps)
         else:
-            y = self._math_attention(q, k, v, attn_mask, dropout)
-        y = y.transpose(1, 2)  # (B, T, nh, hs)
+            y = attend(q, k, v)  # (B, nh, T, hs)
+            if self.out_norm:  # the differential head's norm and scale alone
+                y = (1 - self.lambda_init) * F.rms_norm(y, (self.head_size,), eps=self.norm_eps)
+        y = y.transpose(1, 2)  # (B, T, nh, hs), or (B, T, nh/2, 2 hs)
         if hasattr(self, "gate_proj"):  # Y * sigmoid(X W_g): per element, or one gate per head broadcast over hs
             y = y * torch.sigmoid(projected[-1].view(B, T, self.n_head, -1))
         y = y.contiguous().view(B, T, C)  # (B, T, C)
@@ -171,10 +193,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
@@ -204,7 +226,7 @@ class Transformer(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         if cfg.classes:
             self.head = ClassHead(cfg)
@@ -234,8 +256,12 @@ class Transformer(nn.Module):
     def _init_weights(self, name: str, module: nn.Module, seed: int | None) -> None:
         """GPT-2: N(0, 0.02) everywhere; outputs that add into the residual stream get 0.02 / sqrt(2 L)."""
         generator = None
-        if seed is not None and isinstance(module, (nn.Linear, nn.Embedding)) and module.weight.device.type != "meta":
-            generator = torch.Generator(module.weight.device).manual_seed(_seed_of(seed, name))
+        drawn = isinstance(module, (nn.Linear, nn.Embedding, DifferentialLambda))  # weights drawn per name
+        first = next(module.parameters(recurse=False), None) if drawn else None
+        if seed is not None and first is not None and first.device.type != "meta":
+            generator = torch.Generator(first.device).manual_seed(_seed_of(seed, name))
+        if isinstance(module, DifferentialLambda):
+            module.reset(generator)
         if isinstance(module, nn.Linear):
             std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if getattr(module, "is_residual_output", False) else 0.02
             nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)

@@ -44,7 +44,8 @@ MASK = "<|mask|>"
 def is_plain_gpt2(cfg) -> bool:
     """Whether GPT2LMHeadModel computes exactly this model."""
     return (cfg.causal and cfg.position == "learned" and not cfg.qk_norm and cfg.kv_heads == cfg.n_head
-            and set(cfg.placements.values()) == {"linear"}
+            and set(cfg.placements.values()) == {"linear"} and cfg.attn_gate == "none"
+            and cfg.attention == "softmax" and not cfg.attn_out_norm
             and (cfg.attn_scale is None or math.isclose(cfg.attn_scale, cfg.head_size ** -0.5)))
 
 
