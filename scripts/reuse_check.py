@@ -26,7 +26,7 @@ from nlq.studies.engine import chains, plan_study
 from nlq.studies.plan import read_plan
 from nlq.studies.study import _run_stage
 
-TIMINGS = {"tokens_per_s", "record", "mfu", "step_ms", "elapsed_s", "threads"}  # what the machine decides, not the model
+TIMINGS = {"tokens_per_s", "record", "mfu", "step_ms", "elapsed_s", "threads"}  # what the machine decides
 
 
 def numbers(record: dict, prefix: str = "") -> dict[str, float]:
