@@ -103,6 +103,8 @@ def test_nlq_info_prints_the_exact_count_of_gpt3_small_with_differential_attenti
     main(["info", "gpt3-small", "--model.attention=differential"])
     out = capsys.readouterr().out
     assert f"non-embedding parameters: {84_953_856 + 12 * 4 * 64:,}" in out
+    row = next(line for line in out.splitlines() if line.startswith("differential lambda"))
+    assert int(row.split()[-1].replace(",", "")) == 12 * 4 * 64
 
 
 @pytest.mark.parametrize("changes, needle", [(dict(n_head=3, n_embd=30), "even n_head"),

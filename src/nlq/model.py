@@ -389,7 +389,7 @@ PARAMETER_KINDS = [
     ("stem.", "patch stem"), ("head.", "class head"), ("attn.q_proj", "attention query"),
     ("attn.kv_proj", "attention key/value"), ("attn.k_proj", "attention key/value"),
     ("attn.v_proj", "attention key/value"), ("attn.o_proj", "attention output"), ("attn.gate_proj", "attention gate"),
-    ("mlp.", "mlp"),
+    ("attn.lambdas", "differential lambda"), ("mlp.", "mlp"),
     ("lm_head", "lm head (untied)"),
 ]
 
