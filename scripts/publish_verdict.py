@@ -159,6 +159,9 @@ def main() -> None:
     parser.add_argument("--when", help="the time the status is dated (default: now, UTC)")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--results-md", type=Path, default=ROOT / "docs" / "RESULTS.md")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the study's report block in RESULTS.md from its report, and no status (after a "
+                             "change to what reports print)")
     args = parser.parse_args()
     results = args.results or ROOT / "results" / args.study
     same = args.study_dir.resolve() == results.resolve()  # republishing the committed runs: nothing to copy
@@ -173,9 +176,11 @@ def main() -> None:
         shown = str(results)
     status = status_text(outcome, study, when, args.where, shown)
     tag = args.study
-    readme = args.readme.read_text()
-    atomic_write(args.readme, replace_block(readme, f"{tag}-status", status, args.readme))
-    text = replace_block(args.results_md.read_text(), f"{tag}-status", status, args.results_md)
+    text = args.results_md.read_text()
+    if not args.report_only:
+        readme = args.readme.read_text()
+        atomic_write(args.readme, replace_block(readme, f"{tag}-status", status, args.readme))
+        text = replace_block(text, f"{tag}-status", status, args.results_md)
     body = demote(report).strip()
     plots = {"verdict": [("verdict_deltas.png", "per-seed Δ with the mean and its interval")],
              "verdict-lr": [("verdict_lr_curve.png", "the lr curve of every arm on the selection seeds"),
@@ -185,7 +190,8 @@ def main() -> None:
         if (results / name).is_file() and (name != "verdict_deltas.png" or "decision" in outcome):
             body += f"\n\n![{words}]({os.path.relpath(results / name, args.results_md.parent)})"
     atomic_write(args.results_md, replace_block(text, f"{tag}-report", "\n" + body + "\n", args.results_md))
-    print(f"{copied} finished runs -> {results}; {args.readme} and {args.results_md}: {status}")
+    print(f"{copied} finished runs -> {results}; " + (f"{args.results_md}: the report block" if args.report_only
+                                                      else f"{args.readme} and {args.results_md}: {status}"))
 
 
 if __name__ == "__main__":

@@ -113,3 +113,28 @@ def test_the_paper_plans_runs_train_at_a_tiny_shape_on_local_data(byte_data, tmp
         assert config.train.max_steps <= 4
         summary = train(config, tmp_path / "study" / "runs" / run.name, quiet=True)
         assert summary["val_loss"] > 0
+
+
+def test_looks_with_too_few_test_seeds_say_what_is_valid(tmp_path):
+    """looks = [3] with 3 test seeds once suggested [3, 3], itself refused: the message names something valid."""
+    import tomllib
+
+    raw = tomllib.loads(plan_text(tmp_path, seeds=[1, 2, 3], looks=[3]).read_text())
+    with pytest.raises(UserError) as error:
+        read_plan(raw)
+    assert "[3, 3]" not in str(error.value) and "leave looks (and spending) out" in str(error.value)
+    raw["design"]["looks"] = [3, 4]
+    raw["design"]["seeds"] = [1, 2, 3, 4]
+    read_plan(raw)  # the smallest sequential design the message allows
+
+
+def test_the_report_shows_every_look_of_a_sequential_test(byte_data, tmp_path):
+    from nlq.cli import main
+
+    arms = [{"name": "linear", "model": {"query": "linear"}}, {"name": "mine", "model": {"query": "nonlinear"}}]
+    plan = sequential_plan(tmp_path, arms)
+    main(["study", str(plan), "--out", str(tmp_path / "s"), "--data", str(byte_data)])
+    report = (tmp_path / "s" / "report.md").read_text()
+    recorded = json.loads((tmp_path / "s" / "sequential.json").read_text())["looks"]
+    for entry in recorded:
+        assert f"  - look {entry['look']} ({entry['pairs']} pairs): mean Δ {entry['mean']:+.4f}" in report

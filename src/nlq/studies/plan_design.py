@@ -305,8 +305,11 @@ def _check_looks(d: dict, fail) -> None:
     looks, n = d["looks"], len(d["seeds"])
     ok = all(isinstance(k, int) and not isinstance(k, bool) for k in looks) and len(looks) >= 2
     if not ok or looks != sorted(set(looks)) or looks[0] < 3 or looks[-1] != n:
-        fail("design.looks", f"is {looks!r}; give at least two increasing numbers of test pairs, the first at least 3 "
-                             f"and the last {n} (every test seed), e.g. [{max(3, n // 3)}, {n}]")
+        valid = (f"e.g. [{max(3, n // 3)}, {n}]" if n >= 4 else
+                 f"with {n} test seeds there is no such list: leave looks (and spending) out, which is the fixed "
+                 f"design of one test after all {n} pairs, or register at least 4 test seeds")
+        fail("design.looks", f"is {looks!r}; a sequential test needs at least two increasing numbers of test pairs, "
+                             f"the first at least 3 and the last {n} (every test seed): {valid}")
     spending = d.get("spending", "obf")
     rho = spending.split(":", 1)[1] if spending.startswith("power:") else None
     if spending not in ("obf", "pocock") and not (rho and re.fullmatch(r"\d+(\.\d+)?", rho) and float(rho) > 0):

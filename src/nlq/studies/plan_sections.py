@@ -122,7 +122,8 @@ def one_pair_decides(seeds: list[int], deltas: list[float], confidence: float, w
 def one_pair_lines(rows: list[dict], what: str) -> list[str]:
     lines = []
     for row in rows:
-        share = f"{row['share']:+.0%} of the mean" if row["share"] is not None else "the mean is 0"
+        share = (f"its share of the summed Δ of all {row['without']['n'] + 1} pairs: {row['share']:+.0%}"
+                 if row["share"] is not None else "the summed Δ is 0")
         which = "the most influential pair" if row["rank"] == 1 else f"the {ordinal(row['rank'])} most influential"
         p = row["without"]
         lines.append(f"- exploratory (a pair found after looking): {what} rests on one pair. Seed {row['seed']}, "
@@ -307,7 +308,9 @@ def sequential_end(study_dir: Path, s: dict) -> dict | None:
         return None
     looks = read_json(path, "the sequential test's record").get("looks") or []
     ended = [entry for entry in looks if entry.get("action") in ("difference", "equivalence", "end")]
-    return ended[0] if ended else None
+    if not ended:
+        return None
+    return ended[0] | {"every_look": [entry for entry in looks if entry["look"] <= ended[0]["look"]]}
 
 
 def test_seeds(study_dir: Path, s: dict) -> list[int] | None:
@@ -338,4 +341,8 @@ def sequential_lines(end: dict, s: dict) -> list[str]:
             f"against the look's nominal level {end['level']:.3g}); repeated confidence interval "
             f"[{end['repeated'][0]:+.4f}, {end['repeated'][1]:+.4f}] (Jennison & Turnbull 1989: its coverage holds "
             f"over every look together; the decision is read off it); the naive 95% interval "
-            f"[{end['naive'][0]:+.4f}, {end['naive'][1]:+.4f}] ignores the looks and is shown for comparison only;"]
+            f"[{end['naive'][0]:+.4f}, {end['naive'][1]:+.4f}] ignores the looks and is shown for comparison only;"
+            ] + [f"  - look {e['look']} ({e['pairs']} pairs): mean Δ {e['mean']:+.4f}, t = {e['t']:+.3f}, p = "
+                 f"{e['p']:.3g} against its nominal level {e['level']:.3g} (|z| bound {e['bound']:.4f}); repeated "
+                 f"interval [{e['repeated'][0]:+.4f}, {e['repeated'][1]:+.4f}]; {e['action']}"
+                 for e in end.get("every_look", [])]
