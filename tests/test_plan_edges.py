@@ -3,6 +3,7 @@ cannot leave the study directory, a refusal that leaves nothing behind, one stud
 different designs into one new directory that cannot both win."""
 
 import json
+import re
 import threading
 import tomllib
 
@@ -273,3 +274,32 @@ def test_a_start_that_fails_before_any_run_releases_its_claim(tmp_path, monkeypa
     with pytest.raises(UserError):
         run_study(get_study(str(tmp_path / "missing.toml")), tmp_path / "s", log=quiet)
     assert not (tmp_path / "s" / "study.json").exists()
+
+
+def test_an_arm_whose_loss_this_machine_cannot_run_is_refused_before_study_json(byte_data, tmp_path, capsys):
+    """A secondary arm with train.loss_impl=liger trains only in a later stage; on a CPU it is refused at the start,
+    in one line, and no study.json is left (it was refused only when that arm's first run began, after the primary
+    arms had trained)."""
+    import tomllib
+
+    from helpers import one_line_error
+    from test_plans import to_toml
+
+    plan = plan_text(tmp_path)
+    raw = tomllib.loads(plan.read_text())
+    raw["arms"].append({"name": "fused", "model": {"query": "linear"}, "train": {"loss_impl": "liger"}})
+    raw["design"]["secondary"] = ["fused"]
+    plan.write_text(to_toml(raw))
+    one_line_error(capsys, ["study", str(plan), "--out", str(tmp_path / "s"), "--data", str(byte_data)], "liger")
+    assert not (tmp_path / "s" / "study.json").exists() and not (tmp_path / "s" / "runs").exists()
+
+
+def test_a_tiny_plans_dry_run_gives_its_cost_in_units_that_fit(tmp_path, capsys):
+    from nlq.cli import main
+    from nlq.studies.engine import duration_text, tokens_text
+
+    main(["study", str(plan_text(tmp_path)), "--out", str(tmp_path / "s"), "--dry-run"])
+    out = capsys.readouterr().out
+    assert "0.00G" not in out and re.search(r"test 4 chains \(\d[\d.]*k tokens\)", out), out
+    assert (tokens_text(4.7e9), tokens_text(1.23e7), tokens_text(950)) == ("4.70G", "12.3M", "950")
+    assert (duration_text(2.34), duration_text(0.2), duration_text(0.001)) == ("2.3 h", "12 min", "4 s")

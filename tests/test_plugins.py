@@ -418,3 +418,14 @@ def test_the_nonlinear_querys_rank_given_to_another_projection_is_one_line(capsy
     """`--model.nonlinear_rank=4` used to be ignored without a word for a projection of one's own."""
     one_line_error(capsys, ["info", "micro", "--model.query=linear", "--model.nonlinear_rank=4"],
                    "model.nonlinear_rank=4 sizes nlq's nonlinear projection, which this model does not use")
+
+
+def test_a_plan_import_that_calls_sys_exit_is_one_line_naming_the_file(tmp_path, capsys):
+    from helpers import one_line_error
+    from test_plans import plan_text
+
+    (tmp_path / "quits.py").write_text("import sys\nsys.exit(3)\n")
+    plan = plan_text(tmp_path)
+    plan.write_text('imports = ["quits.py"]\n' + plan.read_text())
+    err = one_line_error(capsys, ["study", str(plan), "--out", str(tmp_path / "s"), "--dry-run"], "sys.exit(3)")
+    assert "quits.py" in err

@@ -53,7 +53,7 @@ def _import_name(name: str, where: str) -> None:
             raise UserError(f"{where}: no module named {name!r} on the Python path; install it, add its folder to "
                             f"PYTHONPATH, or give the .py file's path") from None
         raise UserError(_failure(name, e)) from None
-    except Exception as e:  # an error inside the user's module: where it happened, in one line
+    except (Exception, SystemExit) as e:  # an error inside the user's module (or its exit): where, in one line
         raise UserError(_failure(name, e)) from None
 
 
@@ -69,13 +69,15 @@ def _import_file(path: Path, where: str) -> None:
     sys.modules[name] = module  # before it runs, as import does (dataclasses and pickling look it up)
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # sys.exit() at import would end nlq with no word of where
         del sys.modules[name]
         raise UserError(_failure(str(path), e)) from None
 
 
-def _failure(what: str, error: Exception) -> str:
+def _failure(what: str, error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     own = [f for f in frames if "importlib" not in f.filename] or frames
     at = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
+    if isinstance(error, SystemExit):
+        return f"importing {what} called sys.exit({error.code!r}){at}; code imported by nlq must not exit"
     return f"importing {what} failed{at}: {type(error).__name__}: {error}"

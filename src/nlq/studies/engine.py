@@ -228,8 +228,8 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     stages = (s.selection_chains(len(s.selected_arms([v.name for v in arms]))) +
               [("test", len(arms) * len(s.seeds))])
     chains = sum(n for _, n in stages)
-    parts = "; ".join(f"{name} {n} chains ({n * per_chain / 1e9:.2f}G tokens)" for name, n in stages)
-    text = (f"whole plan, every stage: {parts}; at most {chains} chains, {chains * per_chain / 1e9:.2f}G tokens "
+    parts = "; ".join(f"{name} {n} chains ({tokens_text(n * per_chain)} tokens)" for name, n in stages)
+    text = (f"whole plan, every stage: {parts}; at most {chains} chains, {tokens_text(chains * per_chain)} tokens "
             f"({per_chain:,} per chain)")
     if s.mfu is not None:
         text += "\n" + gpu_hours_text(study, per_chain, stages)
@@ -238,8 +238,24 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
         return text + "; hours: estimated once a run of it has finished here (its tokens/s)"
     pace = rates[len(rates) // 2]
     hours = chains * per_chain / pace / shards / 3600
-    return text + (f"; at the median {pace:,.0f} tokens/s of its {len(rates)} finished runs, at most {hours:.1f} h as "
+    return text + (f"; at the median {pace:,.0f} tokens/s of its {len(rates)} finished runs, at most "
+                   f"{duration_text(hours)} as "
                    f"{shards} shard{'s' if shards > 1 else ''}")
+
+
+def tokens_text(tokens: float) -> str:
+    """A count of tokens in the unit that fits: 4.70G, 12.3M, 45.1k, 950."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.2f}{unit}" if unit == "G" else f"{tokens / scale:.1f}{unit}"
+    return f"{tokens:,.0f}"
+
+
+def duration_text(hours: float) -> str:
+    """Hours where there are some, else minutes (at least 1), else seconds."""
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    return f"{max(1.0, hours * 60):.0f} min" if hours * 60 >= 0.5 else f"{hours * 3600:.0f} s"
 
 
 def gpu_hours_text(study: Study, per_chain: int, stages: list[tuple[str, int]]) -> str:

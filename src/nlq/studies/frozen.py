@@ -191,10 +191,10 @@ def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, sh
         check_overrides(study, first, overrides)
         configs = [r.config(overrides, data) for r in first]
         frozen_own_code(study_dir, [c.model for c in configs])
-        for config in configs[:1] + configs[-1:]:  # a loss, or a size, this machine cannot run (arms share a recipe)
-            device = resolve_device(config.train.device)
-            loss_impl(config, bool(config.data.task), device)
-            check_memory(config, config.train.batch_size, device)
+        for config in configs[:1] + configs[-1:]:  # a size this machine cannot run (arms share a recipe)
+            check_memory(config, config.train.batch_size, resolve_device(config.train.device))
+        for config in configs + arm_configs(study, overrides, data):  # a loss it cannot run, in any arm and stage
+            loss_impl(config, bool(config.data.task), resolve_device(config.train.device))
         groups = len(dict.fromkeys(r.chain for r in first))
         if shard is not None and shard[1] > groups:  # more shards than the first stage's work: a typo
             raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
@@ -204,6 +204,21 @@ def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, sh
         study_dir.mkdir(parents=True, exist_ok=True)
         write_json(study_dir / "study.json", study.describe() | {"overrides": overrides, "runs": []})
         return True
+
+
+def arm_configs(study, overrides: list[str], data) -> list[RunConfig]:
+    """Every arm's config on the study's recipe (a plan's at its design's shape), overrides applied: what an arm sets
+    for all its runs, such as its own train.loss_impl, is then checked before any stage starts, not when that arm's
+    first run does."""
+    from nlq.config import update
+
+    shape = getattr(study.design, "shape", None)
+    out = []
+    for arm in study.arms:
+        config = update(study.base, arm.changes)
+        config = update(config, {"model": dict(shape)}) if shape else config
+        out.append(apply_overrides(update(config, {"data": {"dir": str(data) if data else ""}}), overrides))
+    return out
 
 
 def release(study_dir: Path, claimed: bool) -> None:
