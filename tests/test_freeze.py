@@ -71,3 +71,15 @@ def test_a_run_directory_holding_another_config_is_not_trained_into(ran, byte_da
                                         r"now \(train\.batch_size: 8 there, 4 now\)"):
         run_study(get_study(str(plan)), study_dir, data_dir=str(byte_data), log=quiet)
     assert len(trained) == count
+
+
+def test_plans_md_lists_exactly_the_overrides_a_frozen_study_allows():
+    import re
+    from pathlib import Path
+
+    from nlq.studies.frozen import NEUTRAL
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "PLANS.md").read_text()
+    listed = re.search(r"\(any field but those that only say where and how a run is watched: (.*?); `studies", text,
+                       re.S).group(1)
+    assert set(re.findall(r"`([a-z_]+\.[a-z_]+)`", listed)) == set(NEUTRAL)
