@@ -133,3 +133,16 @@ def test_the_nonlinear_options_old_names_are_read_into_the_new():
         apply_overrides(RunConfig(), ["--model.query=nonlinear", "--model.query_rank=0"])
     with pytest.raises(ConfigError, match="model.query_rank is model.nonlinear_rank's old name, and both are given"):
         apply_overrides(RunConfig(), ["--model.nonlinear_rank=4", "--model.query_rank=4"])
+
+
+def test_a_model_config_built_from_a_runs_config_json_by_hand_says_how_to_build_it(byte_data, tmp_path):
+    import json
+
+    from helpers import train_small
+    from nlq.config import ConfigError, ModelConfig, RunConfig
+
+    run = train_small(byte_data, tmp_path / "run")
+    saved = json.loads((run / "config.json").read_text())
+    with pytest.raises(ConfigError, match="RunConfig.from_dict"):
+        ModelConfig(**saved["model"])
+    assert RunConfig.from_dict(saved).model.n_embd == saved["model"]["n_embd"]

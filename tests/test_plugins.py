@@ -356,7 +356,7 @@ def test_a_plugin_takes_its_options_from_the_command_line_checked_and_recorded(o
     monkeypatch.setenv("NLQ_IMPORT", str(optioned))
     run = train_small(byte_data, tmp_path / "run", "--model.query=bottleneck-tanh", "--model.options.rank=4",
                       "--model.options.scale=0.5")
-    assert json.loads((run / "config.json").read_text())["model"]["options"] == {"rank": "4", "scale": "0.5"}
+    assert json.loads((run / "config.json").read_text())["model"]["options"] == {"rank": 4, "scale": 0.5}  # typed
     model = Transformer(tiny_model_config(query="bottleneck-tanh", options={"rank": "4", "scale": "0.5"}), seed=0)
     assert model.blocks[0].attn.q_proj.down.weight.shape == (4, 32) and model.blocks[0].attn.q_proj.scale == 0.5
     one_line_error(capsys, ["info", "micro", "--model.query=bottleneck-tanh", "--model.options.width=4"],
@@ -429,3 +429,93 @@ def test_a_plan_import_that_calls_sys_exit_is_one_line_naming_the_file(tmp_path,
     plan.write_text('imports = ["quits.py"]\n' + plan.read_text())
     err = one_line_error(capsys, ["study", str(plan), "--out", str(tmp_path / "s"), "--dry-run"], "sys.exit(3)")
     assert "quits.py" in err
+
+
+OPTIONAL = '''
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import nn
+
+from nlq.projections import Projection, register_projection
+
+
+class MaybeLowRank(Projection):
+    """A linear map, low-rank when rank is given; rank None: full, its d-dependent default (d)."""
+
+    @dataclass
+    class Options:
+        rank: int | None = None
+        floor: Optional[int] = None
+
+    def __init__(self, dim, rank=None, floor=None):
+        super().__init__()
+        self.rank = rank if rank is not None else dim
+        self.weight_proj = nn.Sequential(nn.Linear(dim, self.rank, bias=False), nn.Linear(self.rank, dim, bias=False))
+
+    def forward(self, x):
+        return self.weight_proj(x)
+
+
+register_projection("maybe-low-rank", MaybeLowRank)
+'''
+
+
+@pytest.fixture
+def optional_plugin(tmp_path):
+    yield from imported(tmp_path, "maybe_low_rank", OPTIONAL)
+
+
+@pytest.mark.parametrize("value, expected", [("4", 4), ("none", None), ("null", None)])
+def test_int_or_none_options_accept_a_number_or_none_and_are_recorded_typed(optional_plugin, value, expected):
+    config = tiny_model_config(query="maybe-low-rank", options={"rank": value, "floor": value})
+    assert config.options == {"rank": expected, "floor": expected}
+    model = Transformer(config, seed=0)
+    assert model.blocks[0].attn.q_proj.rank == (expected or 32)
+
+
+def test_a_bad_int_or_none_option_says_what_is_valid(optional_plugin, capsys):
+    one_line_error(capsys, ["info", "micro", "--model.query=maybe-low-rank", "--model.options.rank=four"],
+                   "model.options.rank='four' is not a valid int | None (int or none)")
+
+
+KEEPS_W_Q = '''
+import torch
+from torch import nn
+
+from nlq.projections import Projection, register_projection
+
+
+class LowRankBeside(Projection):
+    """Q = X W_Q + X W_a W_b: W_Q with nlq's init (equal to the baseline's), W_b zero, so it starts as the baseline."""
+
+    nlq_init = ("weight_proj",)
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight_proj = nn.Linear(dim, dim, bias=False)
+        self.a, self.b = nn.Linear(dim, 4, bias=False), nn.Linear(4, dim, bias=False)
+        nn.init.zeros_(self.b.weight)
+
+    def forward(self, x):
+        return self.weight_proj(x) + self.b(self.a(x))
+
+
+register_projection("low-rank-beside", LowRankBeside)
+'''
+
+
+@pytest.fixture
+def keeps_w_q(tmp_path):
+    yield from imported(tmp_path, "low_rank_beside", KEEPS_W_Q)
+
+
+def test_a_plugin_keeps_nlqs_init_for_named_weights_and_its_own_for_the_rest(keeps_w_q):
+    import torch
+
+    ours = Transformer(tiny_model_config(query="low-rank-beside"), seed=3).state_dict()
+    baseline = Transformer(tiny_model_config(), seed=3).state_dict()
+    for layer in range(2):
+        prefix = f"blocks.{layer}.attn.q_proj"
+        assert torch.equal(ours[f"{prefix}.weight_proj.weight"], baseline[f"{prefix}.weight_proj.weight"])
+        assert not ours[f"{prefix}.b.weight"].any()  # its own init: zero, not N(0, 0.02)

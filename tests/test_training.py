@@ -329,3 +329,19 @@ def test_init_from_a_decoder_into_an_encoder_does_not_ask_for_what_is_set(run_di
         main([str(a) for a in argv])
     err = capsys.readouterr().err
     assert "set --model.causal=false" not in err and "vocab" in err, err  # the real reason: the mask token needs an id
+
+
+def test_a_step_0_checkpoint_holds_the_initial_weights(byte_data, tmp_path):
+    from nlq.model import Transformer
+    from nlq.runs import checkpoint as ckpt
+
+    model = tiny_model_config(vocab_size=257, block_size=32, query="nonlinear")
+    config = tiny_run_config(byte_data, model=model, max_steps=3, seed=5, checkpoint_at_start=True,
+                             keep_checkpoints=5)
+    train(config, tmp_path / "run", quiet=True)
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path / "run")]
+    assert names[0] == "step_0000000.pt" and names[-1] == "step_0000003.pt"
+    payload = torch.load(tmp_path / "run" / "checkpoints" / names[0], weights_only=True)
+    initial = Transformer(model, seed=5).state_dict()
+    state = payload["model"]
+    assert set(initial) <= set(state) and all(torch.equal(state[k], v) for k, v in initial.items())

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from nlq.errors import ConfigError
 from nlq.fields import convert_value, field_types, literal_choices, setting, short_repr
-from nlq.projections import ACTIVATION_MODULES, BUILT_IN, OWN_HINT, PROJECTIONS
+from nlq.projections import ACTIVATION_MODULES, BUILT_IN, OWN_HINT, PROJECTIONS, read_options
 
 BUILT_IN_SORTED = sorted(BUILT_IN)
 
@@ -110,6 +110,9 @@ class ModelConfig:
                                          "output RMS-normalised and scaled by 1 - lambda_init (a control)")
 
     def __post_init__(self) -> None:
+        if not isinstance(self.projections, ProjectionsConfig):  # ModelConfig(**config_json["model"]): a plain dict
+            raise ConfigError("model.projections is a dict, not a ProjectionsConfig: build a run's config from its "
+                              "config.json with RunConfig.from_dict(json.load(f)) (its .model is the ModelConfig)")
         if self.projections.q is not None:  # one name per field: model.projections.q is read as model.query
             self.query, self.projections = self.projections.q, dataclasses.replace(self.projections, q=None)
         _check_literals(self, "model")
@@ -132,6 +135,8 @@ class ModelConfig:
         own = sorted(set(self.placements.values()) - BUILT_IN)
         _check(not self.options or own, f"model.options={short_repr(self.options)} sets options of a projection of "
                                         f"your own, and this model uses nlq's own only ({', '.join(BUILT_IN_SORTED)})")
+        if self.options and own:  # typed as the projection's Options declares them, so config.json records 4, not '4'
+            self.options = read_options(PROJECTIONS[own[0]], self.options)
         _check(self.nonlinear_rank is None or self.nonlinear_rank > 0,
                f"model.nonlinear_rank={self.nonlinear_rank} must be > 0")
         _check(self.nonlinear_rank is None or "nonlinear" in self.placements.values(),
@@ -260,6 +265,8 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 disables clipping")
     eval_every: int = setting(100, "steps between evaluations on the fixed val windows")
     checkpoint_every: int = setting(0, "steps between checkpoints; 0: only at the end")
+    checkpoint_at_start: bool = setting(False, "also write a checkpoint of the initial weights (step 0), e.g. to "
+                                               "check a projection's init against the baseline's")
     keep_checkpoints: int = setting(2, "newest checkpoints kept in the run directory")
     log_every: int = setting(10, "steps between train-loss lines in metrics.jsonl")
     device: str = setting("auto", "auto (cuda when present, else cpu), cpu, cuda, cuda:N or mps")

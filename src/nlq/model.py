@@ -240,6 +240,9 @@ class Transformer(nn.Module):
                 self._init_weights(name, module, seed)
         for name in own:
             self._own_init(name, seed)
+            for sub in getattr(self.get_submodule(name), "nlq_init", ()):  # named parts that take nlq's init anyway
+                for part, module in self.get_submodule(f"{name}.{sub}").named_modules(prefix=f"{name}.{sub}"):
+                    self._init_weights(part, module, seed)
 
     def _own_init(self, name: str, seed: int | None) -> None:
         """A projection that keeps its own initialisation (Projection.default_init False) is built again under torch's

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import re
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nlq.errors import UserError
+from nlq.errors import ConfigError, UserError
 
 
 class ReLU2(nn.Module):
@@ -61,10 +62,13 @@ class Projection(nn.Module):
     zero); the model builds it under torch's generator seeded by (train.seed, its place in the model, e.g.
     blocks.0.attn.q_proj), so a run's start is reproducible and the same on every rank. `default_init = True` asks
     for nlq's init instead: every nn.Linear in it N(0, 0.02), drawn per parameter name from (seed, name), so a
-    parameter named like one of the baseline's (LinearProjection's weight_proj.weight) starts equal to it."""
+    parameter named like one of the baseline's (LinearProjection's weight_proj.weight) starts equal to it. Both at
+    once: `nlq_init = ("weight_proj",)` keeps the projection's own init for everything but these submodules, which get
+    nlq's (so its W_Q starts equal to the baseline's while, say, a zero-initialised W_b stays zero)."""
 
     output_scale, query_scale = 1.0, 1.0
     default_init = False
+    nlq_init: tuple[str, ...] = ()  # with default_init False: submodules that get nlq's init all the same
     Options = None  # a dataclass of the keyword arguments model.options may set (--model.options.NAME=VALUE)
 
     @classmethod
@@ -259,12 +263,40 @@ def own_sources(names) -> dict[str, dict]:
     return out
 
 
+def read_options(cls, options: dict) -> dict:
+    """model.options typed by the Options of the projection class `cls` (its read_options; a one-line ConfigError)."""
+    try:
+        return cls.read_options(options) if hasattr(cls, "read_options") else dict(options)
+    except UserError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _type_name(kind) -> str:
+    if _optional_of(kind) is not None:
+        return f"{_type_name(_optional_of(kind))} | None"
     return kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
 
 
+def _optional_of(kind):
+    """T for `T | None` or `Optional[T]`, else None."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args and len(args) == 2:
+        return next(a for a in args if a is not type(None))
+    return None
+
+
 def _option_value(key: str, value, kind):
-    """value (text from a command line, or a TOML/YAML scalar) as kind: int, float, bool or str."""
+    """value (text from a command line, or a TOML/YAML scalar) as kind: int, float, bool or str, or one of them or
+    None (`int | None`, `Optional[int]`: "none" or "null" is None)."""
+    inner = _optional_of(kind)
+    if inner is not None:
+        if value is None or isinstance(value, str) and value.strip().lower() in ("none", "null"):
+            return None
+        try:
+            return _option_value(key, value, inner)
+        except UserError:
+            raise UserError(f"{key}={value!r} is not a valid {_type_name(kind)} ({_type_name(inner)} or none)") \
+                from None
     if kind is bool and isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
         return value.lower() in ("true", "1", "yes")
     try:

@@ -197,6 +197,8 @@ class Trainer:
         if self.start_step == 0:
             logger.log(self._eval_record(0))
         last_ckpt = self.payload["path"] if self.payload else None
+        if self.start_step == 0 and tcfg.checkpoint_at_start:  # the initial weights, to check an init against
+            last_ckpt = self._save(0)
         rates = []
         try:
             for step in range(self.start_step, tcfg.max_steps):
