@@ -64,6 +64,8 @@ def test_a_prepared_directory_is_reused_and_changed_arrays_are_refused(tmp_path)
     (["--source", "mnist1d", "--tokenizer", "bpe:256"], "holds labelled signals or images, not text"),
     (["--source", "mnist1d:abc"], "'abc' is not an option of mnist1d"),
     (["--source", "digits:5"], "digits takes no options"),
+    (["--source", "digits", "--seed", "5"], "--seed splits or reads text documents"),
+    (["--source", "digits", "--val-fraction", "0.3"], "--val-fraction splits or reads text documents"),
     (["--source", "shakespeare"], "needs --tokenizer for a text source"),
 ])
 def test_a_wrong_labelled_source_is_one_line(tmp_path, capsys, argv, needle):

@@ -62,13 +62,22 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
     if is_labelled(args.source):  # examples with labels (a classifier's), generated offline: no tokenizer
         if args.tokenizer:
             raise UserError(f"--source {args.source} holds labelled signals or images, not text: leave out --tokenizer")
+        given = [flag for flag, value in (("--val-fraction", args.val_fraction), ("--seed", args.seed),
+                                          ("--text-field", args.text_field), ("--doc-separator", args.doc_separator))
+                 if value is not None]
+        if given:
+            raise UserError(f"{given[0]} splits or reads text documents; labelled examples keep their source's split "
+                            "(digits: 1,437 / 360 by a permutation seeded 2357): leave it out, or split each run by "
+                            "its seed with --data.split=seed when training")
         prepare_labelled(args.source, args.out, overwrite=args.overwrite)
         return
     if not args.tokenizer:
         raise UserError("nlq prepare needs --tokenizer for a text source: byte, bpe:N (e.g. bpe:8192), gpt2 or "
                         "gpt2:DIR")
-    prepare(args.source, args.tokenizer, args.out, overwrite=args.overwrite, val_fraction=args.val_fraction,
-            seed=args.seed, text_field=args.text_field, doc_separator=args.doc_separator)
+    prepare(args.source, args.tokenizer, args.out, overwrite=args.overwrite,
+            val_fraction=0.05 if args.val_fraction is None else args.val_fraction,
+            seed=2357 if args.seed is None else args.seed, text_field=args.text_field or "text",
+            doc_separator=args.doc_separator)
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -259,10 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="for text: byte, bpe:N (e.g. bpe:8192), gpt2 or gpt2:DIR")
     p.add_argument("--out", required=True, help="output data directory")
     p.add_argument("--overwrite", action="store_true", help="replace a directory that holds another dataset")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="share of documents for val (default 0.05; "
-                                                                      "the paper used 0.0005 on OpenWebText)")
-    p.add_argument("--seed", type=int, default=2357, help="split seed (default 2357, the paper's)")
-    p.add_argument("--text-field", default="text", help="field holding the text in .jsonl and hf datasets")
+    p.add_argument("--val-fraction", type=float, help="text: share of documents for val (default 0.05; "
+                                                        "the paper used 0.0005 on OpenWebText)")
+    p.add_argument("--seed", type=int, help="text: split seed (default 2357, the paper's)")
+    p.add_argument("--text-field", help="text: field holding the text in .jsonl and hf datasets (default text)")
     p.add_argument("--doc-separator", default=None, help="split .txt/.md files into documents at this string")
     p.set_defaults(func=cmd_prepare)
 
