@@ -179,7 +179,8 @@ def main() -> None:
     text = args.results_md.read_text()
     if not args.report_only:
         readme = args.readme.read_text()
-        atomic_write(args.readme, replace_block(readme, f"{tag}-status", status, args.readme))
+        if f"<!-- {tag}-status -->" in readme:  # the README shows decisions as a table now (analysis/decisions.py)
+            atomic_write(args.readme, replace_block(readme, f"{tag}-status", status, args.readme))
         text = replace_block(text, f"{tag}-status", status, args.results_md)
     body = demote(report).strip()
     plots = {"verdict": [("verdict_deltas.png", "per-seed Δ with the mean and its interval")],

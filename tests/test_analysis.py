@@ -274,3 +274,21 @@ def test_the_sequential_replay_prints_the_table_results_md_quotes():
         assert row in quoted, row
         cells = [c.strip() for c in row.split("|")]
         assert cells[6] == cells[7]  # the sequential decision is the fixed design's
+
+
+def test_decisions_table_and_forest_plot_come_from_the_committed_results(tmp_path):
+    """analysis/decisions.py: one row per committed decision and declared comparison, each Δ and interval those of the
+    study's result.json; the README's block is that table (regenerated, not typed)."""
+    readme = tmp_path / "README.md"
+    readme.write_text("top\n<!-- decisions -->\nold\n<!-- /decisions -->\nkept\n")
+    run("decisions.py", "--readme", str(readme), "--plot", str(tmp_path / "d.png"))
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("<!-- /decisions -->\nkept\n") and (tmp_path / "d.png").is_file()
+    for name in ("verdict", "verdict-lr", "gate-lr", "mnist1d-lr", "digits-lr"):
+        interval = json.loads((ROOT / "results" / name / "result.json").read_text())["decision"]["interval"]
+        assert f"| `{name}` |" in text
+        assert f"| {interval['mean']:+.4f} | [{interval['low']:+.4f}, {interval['high']:+.4f}] |" in text
+    assert "pilot" not in text  # pilots are exploratory, not decisions
+    committed = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- decisions -->\n(.*?)\n<!-- /decisions -->", text, re.S).group(1)
+    assert block in committed, "README's decisions table is not what analysis/decisions.py writes; run it"

@@ -1,0 +1,134 @@
+"""The decisions at a glance (docs/RESULTS.md, "Decisions at a glance"): every committed plan study's registered test
+and its declared comparisons, as one table (the README's `<!-- decisions -->` block) and one forest plot
+(docs/decisions.png), regenerated from the studies' result.json and study.json alone (read through
+design.read_study, so an edited record is refused).
+
+Each row: the study, its question, the arms compared with their lrs, the pairs, Δ = first - second (positive: the
+first has the higher loss) with its 95% interval, the words (the registered rule's for a primary test, the Holm
+reading for a declared comparison) and, where the words rest on one pair, which.
+
+    python analysis/decisions.py [--results results] [--readme README.md] [--plot docs/decisions.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from nlq.fileio import atomic_write  # noqa: E402
+from nlq.studies.design import read_study  # noqa: E402
+from nlq.studies.plan_sections import reading  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+QUESTIONS = {  # a few words per study; a study not named here is asked its plan's description
+    "verdict": "nonlinear vs linear query, one shared lr (language model)",
+    "verdict-lr": "nonlinear vs linear query, each at its own lr (language model)",
+    "gate-lr": "the output gate on the QK-norm baseline, each at its own lr (language model)",
+    "qknorm-4e-3": "the QK-norm baseline at 4e-3 (a robustness check of gate-lr and verdict-lr)",
+    "mnist1d-lr": "nonlinear vs linear query, MNIST-1D encoder classifier",
+    "mnist1d-qknorm": "the QK-norm arms, MNIST-1D encoder classifier",
+    "digits-lr": "nonlinear vs linear query, 8 x 8 digits classifier (one fixed 360-image test split, no controls)",
+    "digits-controls": "nonlinear vs linear query with controls, digits split per seed",
+    "diff-lr": "differential attention vs linear, each at its own lr (language model)",
+}
+
+
+def decisions(results: Path) -> list[dict]:
+    """One row per registered test (kind "primary") and per declared comparison (kind "family") of every plan study
+    in results/ whose test has ended (pilots, exploratory, left out), in QUESTIONS' order, then by name."""
+    rows = []
+    order = list(QUESTIONS)
+    paths = sorted(results.glob("*/study.json"), key=lambda p: (order.index(p.parent.name) if p.parent.name in order
+                                                                  else len(order), p.parent.name))
+    for study_json in paths:
+        outcome_path = study_json.parent / "result.json"
+        if not outcome_path.is_file():
+            continue
+        outcome = json.loads(outcome_path.read_text())
+        if "decision" not in outcome:
+            continue
+        study = read_study(study_json.parent)
+        s, name = study["design"], study["name"]
+        if study.get("description", "").startswith("pilot"):
+            continue
+        lrs = outcome.get("selected_lrs") or {arm: s.lr for arm in s.primary + s.secondary}
+        baseline, method = s.primary
+        interval = outcome["decision"]["interval"]
+        pair = (outcome.get("one_pair") or [None])[0]
+        rows.append({"study": name, "question": QUESTIONS.get(name, study.get("description", name).split(",")[0]),
+                     "kind": "primary", "first": method, "second": baseline, "first_lr": lrs.get(method),
+                     "second_lr": lrs.get(baseline), "n": interval["n"], "mean": interval["mean"],
+                     "low": interval["low"], "high": interval["high"], "words": outcome["decision"]["words"],
+                     "one_pair": f"rests on seed {pair['seed']}" if pair else ""})
+        for member in outcome.get("secondary_family") or []:
+            if member["member"] == "interaction":
+                continue  # not two arms: its words are in the study's report
+            first, second = member["member"]
+            rows.append({"study": name, "question": "declared comparison (Holm over the family)", "kind": "family",
+                         "first": first, "second": second, "first_lr": lrs.get(first), "second_lr": lrs.get(second),
+                         "n": member["n"], "mean": member["mean"], "low": member["low"], "high": member["high"],
+                         "words": reading(member, member["holm_p"], s), "one_pair": ""})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    def arm(name, lr):
+        return f"{name} ({lr:g})" if lr is not None else name
+
+    lines = ["| study | question | Δ = first - second | pairs | Δ (nats) | 95% interval | reading | one pair |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        study = f"`{r['study']}`" if r["kind"] == "primary" else ""
+        lines.append(f"| {study} | {r['question']} | {arm(r['first'], r['first_lr'])} - "
+                     f"{arm(r['second'], r['second_lr'])} | {r['n']} | {r['mean']:+.4f} | "
+                     f"[{r['low']:+.4f}, {r['high']:+.4f}] | {r['words']} | {r['one_pair']} |")
+    return "\n".join(lines)
+
+
+def forest_plot(rows: list[dict], path: Path) -> None:
+    """Every row's Δ with its 95% interval, one line each, primary tests in black, declared comparisons in grey."""
+    fig, ax = plt.subplots(figsize=(8, 0.34 * len(rows) + 1.2))
+    for i, r in enumerate(reversed(rows)):
+        color = "black" if r["kind"] == "primary" else "0.5"
+        ax.errorbar([r["mean"]], [i], xerr=[[r["mean"] - r["low"]], [r["high"] - r["mean"]]], fmt="o", ms=4,
+                    color=color, capsize=2)
+    ax.axvline(0, color="0.7", lw=1)
+    ax.set_yticks(range(len(rows)),
+                  [f"{r['study']}: {r['first']} - {r['second']}" for r in reversed(rows)], fontsize=7)
+    ax.set(xlabel="Δ in nats (first - second; negative: the first has the lower loss), 95% interval",
+           title="Every committed decision (black) and declared comparison (grey)")
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    plt.close(fig)
+
+
+def write_block(readme: Path, body: str) -> None:
+    text = readme.read_text()
+    pattern = re.compile(r"(<!-- decisions -->).*?(<!-- /decisions -->)", re.DOTALL)
+    if not pattern.search(text):
+        raise SystemExit(f"error: {readme} has no <!-- decisions --> ... <!-- /decisions --> block to write into")
+    atomic_write(readme, pattern.sub(lambda m: m.group(1) + "\n" + body + "\n" + m.group(2), text))
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=ROOT / "results")
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "decisions.png")
+    args = parser.parse_args(argv)
+    rows = decisions(args.results)
+    forest_plot(rows, args.plot)
+    write_block(args.readme, table(rows))
+    print(table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
