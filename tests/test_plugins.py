@@ -519,3 +519,74 @@ def test_a_plugin_keeps_nlqs_init_for_named_weights_and_its_own_for_the_rest(kee
         prefix = f"blocks.{layer}.attn.q_proj"
         assert torch.equal(ours[f"{prefix}.weight_proj.weight"], baseline[f"{prefix}.weight_proj.weight"])
         assert not ours[f"{prefix}.b.weight"].any()  # its own init: zero, not N(0, 0.02)
+
+
+def test_a_runs_plugin_is_imported_from_its_record_and_refused_when_changed_or_missing(byte_data, tmp_path, capsys):
+    """Without NLQ_IMPORT, `nlq eval` (and sample, export, a resumed train) imports the plugin from the file the run
+    recorded, after checking its sha256; a changed or missing file is one line naming it."""
+    from nlq.cli import main
+
+    source = tmp_path / "recorded_plugin.py"
+    source.write_text(PLUGIN.replace('"tanh"', '"tanh-recorded"').replace("'tanh'", "'tanh-recorded'"))
+    saved = dict(PROJECTIONS)
+
+    def forget():  # a new process: nothing of the user's imported
+        PROJECTIONS.clear()
+        PROJECTIONS.update(saved)
+        sys.modules.pop("recorded_plugin", None)
+
+    try:
+        plugins.import_modules([str(source)])
+        name = next(n for n in PROJECTIONS if n not in saved and PROJECTIONS[n].__name__ == "TanhQuery")
+        run = train_small(byte_data, tmp_path / "run", f"--model.query={name}")
+        forget()
+        main(["eval", str(run)])
+        assert "loss" in capsys.readouterr().out and name in PROJECTIONS  # imported from the recorded file
+        forget()
+        main(["train", "--out", str(run), "--resume", "--train.max_steps=6"])  # a resumed run, the same way
+        forget()
+        source.write_text(source.read_text() + "\n# changed\n")
+        one_line_error(capsys, ["eval", str(run)], "now has sha256")
+        assert name not in PROJECTIONS  # nothing of the changed file ran
+        source.unlink()
+        one_line_error(capsys, ["eval", str(run)], "which is missing")
+    finally:
+        forget()
+
+
+def test_a_plugin_studys_report_imports_its_recorded_file_and_refuses_a_changed_one(byte_data, tmp_path, capsys,
+                                                                                     monkeypatch):
+    from helpers import fake_training
+    from nlq.cli import main
+    from test_plans import plan_text, to_toml
+
+    source = tmp_path / "study_plugin.py"
+    source.write_text(PLUGIN)
+    plan = plan_text(tmp_path)
+    import tomllib
+
+    raw = tomllib.loads(plan.read_text())
+    raw["arms"][1]["model"] = {"query": "tanh-query"}
+    plan.write_text('imports = ["study_plugin.py"]\n' + to_toml(raw))
+    saved = dict(PROJECTIONS)
+
+    def forget():
+        PROJECTIONS.clear()
+        PROJECTIONS.update(saved)
+        sys.modules.pop("study_plugin", None)
+
+    try:
+        fake_training(monkeypatch, lambda config, run_dir: {"full_val_loss": 3.0, "tokens": 100,
+                                                            "non_embedding_parameters": 10})
+        main(["study", str(plan), "--out", str(tmp_path / "s"), "--data", str(byte_data)])
+        forget()
+        main(["report", str(tmp_path / "s")])  # no NLQ_IMPORT: the recorded file is imported
+        table = (tmp_path / "s" / "report.md").read_text().split("| arm | non-embedding parameters")[1]
+        assert "n/a" not in table.split("\n\n")[0]
+        forget()
+        source.write_text(PLUGIN + "\n# changed\n")
+        before = (tmp_path / "s" / "report.md").read_bytes()
+        one_line_error(capsys, ["report", str(tmp_path / "s")], "study_plugin.py")
+        assert (tmp_path / "s" / "report.md").read_bytes() == before  # not rewritten
+    finally:
+        forget()

@@ -326,6 +326,32 @@ def check_own_code(recorded: dict | None, where: str) -> None:
                             f"{(now['sha256'] or 'unreadable')[:16]}: restore the file it was made with")
 
 
+def use_recorded_code(recorded: dict | None, where: str) -> None:
+    """Import the projections of one's own that `where` was made with ({name: {class, file, sha256}}) from the files
+    it recorded, where they are not registered yet (NLQ_IMPORT, read first, still overrides the location), after
+    checking each file's sha256; then check every one (check_own_code). A missing or changed file is one line naming
+    it, and nothing of a changed file is run."""
+    from nlq.plugins import import_modules
+
+    for name, before in sorted((recorded or {}).items()):
+        if name in PROJECTIONS or not isinstance(before, dict):
+            continue
+        file, digest = before.get("file"), before.get("sha256")
+        if not file or not Path(file).is_file():
+            raise UserError(f"{where} was made with projection {name} from {file} (sha256 {(digest or '?')[:16]}), "
+                            f"which is missing: restore it there, or import it from where it is now with "
+                            f"NLQ_IMPORT=PATH")
+        now = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+        if digest and now != digest:
+            raise UserError(f"{where} was made with projection {name} from {file} (sha256 {digest[:16]}), and that "
+                            f"file now has sha256 {now[:16]}: restore the file it was made with (or NLQ_IMPORT=PATH "
+                            f"of a copy of it)")
+        import_modules([file], where=where)
+        if name not in PROJECTIONS:
+            raise UserError(f"{where}: {file} no longer registers projection {name}; restore the file it was made with")
+    check_own_code(recorded, where)
+
+
 def describe_own() -> list[str]:
     """One line per registered projection of one's own: its name, class and options (for --help)."""
     lines = []

@@ -15,7 +15,7 @@ from nlq.data.tokenizers import GPT2_FILES, load_tokenizer
 from nlq.errors import UserError
 from nlq.fileio import read_json, write_json
 from nlq.model import Transformer
-from nlq.projections import check_own_code
+from nlq.projections import use_recorded_code
 from nlq.runs import checkpoint as ckpt
 
 TOKENIZER_FILES = ("tokenizer.json", *GPT2_FILES)
@@ -74,9 +74,9 @@ def tokenizer_files(data: TokenData) -> dict:
 def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, RunConfig, dict]:
     """The model of a run directory (its latest checkpoint) or of a checkpoint file, in eval mode."""
     payload = ckpt.load_checkpoint(path)
+    use_recorded_code(recorded_code(payload), str(payload["path"]))  # its code of one's own, from the file it records
     config = ckpt.payload_config(payload)
     ckpt.check_model_fits(config.model, payload["path"])
-    check_own_code(recorded_code(payload), str(payload["path"]))
     model = Transformer(config.model)
     try:
         model.load_state_dict(payload["model"])
@@ -95,6 +95,17 @@ def recorded_code(payload: dict) -> dict | None:
     if summary.is_file():
         return (read_json(summary, "a run summary").get("record") or {}).get("projections")
     return None
+
+
+def run_recorded_code(run_dir: str | Path) -> dict | None:
+    """The projections of one's own a run directory was trained with: its summary's record, else its latest
+    checkpoint's (a run that has not finished); None for a run of nlq's own projections or no run at all."""
+    summary = Path(run_dir) / "summary.json"
+    if summary.is_file():
+        return (read_json(summary, "a run summary").get("record") or {}).get("projections")
+    if not ckpt.list_checkpoints(run_dir):
+        return None
+    return recorded_code(ckpt.load_checkpoint(run_dir))
 
 
 def run_dir_of(checkpoint_path: str | Path) -> Path:

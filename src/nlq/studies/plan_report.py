@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 
 from nlq.config import RunConfig
-from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.studies.design import checked_plan_study, upgraded_study
 from nlq.studies.engine import endpoints, run_dir_of, run_records
@@ -283,10 +282,10 @@ def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
     for arm in arms:
         r = first[arm]
         config = run_dir_of(study_dir, r) / "config.json"
-        try:
-            flops = f"{flops_per_token(RunConfig.from_dict(read_json(config, 'a run config'))):,}"
-        except (UserError, ValueError, KeyError, OSError):  # no config, or a projection of one's own not imported
-            flops = "n/a"
+        # a projection of one's own is imported from the study's record first (registry.build_report): a config
+        # that cannot be built is an error, not an empty cell; only a run without its config.json shows n/a
+        flops = f"{flops_per_token(RunConfig.from_dict(read_json(config, 'a run config'))):,}" if config.is_file() \
+            else "n/a"
         params, tokens = r.get("non_embedding_parameters"), r.get("tokens")
         own = f"{tokens / params:.0f}" if params and tokens else "n/a"
         rows.append([arm, f"{params:,}" if params else "n/a", own, flops])

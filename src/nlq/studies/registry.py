@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nlq.errors import UserError
-from nlq.projections import check_own_code
+from nlq.projections import use_recorded_code
 from nlq.studies import comparison, probes, scaling
 from nlq.studies.design import PLAN_REPORTS, Study
 from nlq.studies.engine import plan_study
@@ -47,7 +47,7 @@ def build_report(study_dir: str | Path) -> str:
     """Write the study's report (report.md, results.csv, plots) from what is on disk; return the markdown."""
     study_dir = Path(study_dir)
     study, _ = load_results(study_dir)  # one-line errors for a folder that is no study, or one with no finished run
-    check_own_code(study.get("projections"), f"study {study_dir}")  # its arms' code of one's own, where imported
+    use_recorded_code(study.get("projections"), f"study {study_dir}")  # its arms' code of one's own, from its files
     kind = study.get("report", "comparison")
     if kind not in REPORTS:
         raise UserError(f"{study_dir / 'study.json'} asks for a report {kind!r} that this nlq does not have "
