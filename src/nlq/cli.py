@@ -87,8 +87,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
 
     saved = Path(args.out) / "config.json"
     if args.resume and saved.is_file() and not args.preset:
-        from nlq.projections import use_recorded_code
-        from nlq.runs.rundir import run_recorded_code
+        from nlq.runs.rundir import run_recorded_code, use_recorded_code
 
         use_recorded_code(run_recorded_code(args.out), f"run {args.out}")  # its code of one's own, from its record
         config = layered(load_config(saved), args.config, overrides)  # the run's own config, then file, overrides

@@ -18,9 +18,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nlq.errors import ConfigError
+from nlq.errors import ConfigError, UserError
 from nlq.fields import convert_value, field_types, literal_choices, setting, short_repr
-from nlq.projections import ACTIVATION_MODULES, BUILT_IN, OWN_HINT, PROJECTIONS, read_options
+from nlq.projections import ACTIVATION_MODULES, BUILT_IN, OWN_HINT, PROJECTIONS
 
 BUILT_IN_SORTED = sorted(BUILT_IN)
 
@@ -135,8 +135,11 @@ class ModelConfig:
         own = sorted(set(self.placements.values()) - BUILT_IN)
         _check(not self.options or own, f"model.options={short_repr(self.options)} sets options of a projection of "
                                         f"your own, and this model uses nlq's own only ({', '.join(BUILT_IN_SORTED)})")
-        if self.options and own:  # typed as the projection's Options declares them, so config.json records 4, not '4'
-            self.options = read_options(PROJECTIONS[own[0]], self.options)
+        if self.options and own and hasattr(PROJECTIONS[own[0]], "read_options"):  # typed as its Options declares
+            try:  # them, so that config.json records 4, not '4'
+                self.options = PROJECTIONS[own[0]].read_options(self.options)
+            except UserError as e:
+                raise ConfigError(str(e)) from None
         _check(self.nonlinear_rank is None or self.nonlinear_rank > 0,
                f"model.nonlinear_rank={self.nonlinear_rank} must be > 0")
         _check(self.nonlinear_rank is None or "nonlinear" in self.placements.values(),

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nlq.errors import ConfigError, UserError
+from nlq.errors import UserError
 
 
 class ReLU2(nn.Module):
@@ -263,14 +263,6 @@ def own_sources(names) -> dict[str, dict]:
     return out
 
 
-def read_options(cls, options: dict) -> dict:
-    """model.options typed by the Options of the projection class `cls` (its read_options; a one-line ConfigError)."""
-    try:
-        return cls.read_options(options) if hasattr(cls, "read_options") else dict(options)
-    except UserError as e:
-        raise ConfigError(str(e)) from None
-
-
 def _type_name(kind) -> str:
     if _optional_of(kind) is not None:
         return f"{_type_name(_optional_of(kind))} | None"
@@ -295,8 +287,7 @@ def _option_value(key: str, value, kind):
         try:
             return _option_value(key, value, inner)
         except UserError:
-            raise UserError(f"{key}={value!r} is not a valid {_type_name(kind)} ({_type_name(inner)} or none)") \
-                from None
+            raise UserError(f"{key}={value!r} is not a valid {_type_name(kind)} ({inner.__name__} or none)") from None
     if kind is bool and isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
         return value.lower() in ("true", "1", "yes")
     try:
@@ -324,32 +315,6 @@ def check_own_code(recorded: dict | None, where: str) -> None:
             raise UserError(f"{where} was made with projection {name} from {before.get('file')} (sha256 "
                             f"{before['sha256'][:16]}), and the code imported now, {now['file']}, has sha256 "
                             f"{(now['sha256'] or 'unreadable')[:16]}: restore the file it was made with")
-
-
-def use_recorded_code(recorded: dict | None, where: str) -> None:
-    """Import the projections of one's own that `where` was made with ({name: {class, file, sha256}}) from the files
-    it recorded, where they are not registered yet (NLQ_IMPORT, read first, still overrides the location), after
-    checking each file's sha256; then check every one (check_own_code). A missing or changed file is one line naming
-    it, and nothing of a changed file is run."""
-    from nlq.plugins import import_modules
-
-    for name, before in sorted((recorded or {}).items()):
-        if name in PROJECTIONS or not isinstance(before, dict):
-            continue
-        file, digest = before.get("file"), before.get("sha256")
-        if not file or not Path(file).is_file():
-            raise UserError(f"{where} was made with projection {name} from {file} (sha256 {(digest or '?')[:16]}), "
-                            f"which is missing: restore it there, or import it from where it is now with "
-                            f"NLQ_IMPORT=PATH")
-        now = hashlib.sha256(Path(file).read_bytes()).hexdigest()
-        if digest and now != digest:
-            raise UserError(f"{where} was made with projection {name} from {file} (sha256 {digest[:16]}), and that "
-                            f"file now has sha256 {now[:16]}: restore the file it was made with (or NLQ_IMPORT=PATH "
-                            f"of a copy of it)")
-        import_modules([file], where=where)
-        if name not in PROJECTIONS:
-            raise UserError(f"{where}: {file} no longer registers projection {name}; restore the file it was made with")
-    check_own_code(recorded, where)
 
 
 def describe_own() -> list[str]:

@@ -4,6 +4,7 @@ loading a run's model and tokenizer back."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -15,7 +16,8 @@ from nlq.data.tokenizers import GPT2_FILES, load_tokenizer
 from nlq.errors import UserError
 from nlq.fileio import read_json, write_json
 from nlq.model import Transformer
-from nlq.projections import use_recorded_code
+from nlq.plugins import import_modules
+from nlq.projections import PROJECTIONS, check_own_code
 from nlq.runs import checkpoint as ckpt
 
 TOKENIZER_FILES = ("tokenizer.json", *GPT2_FILES)
@@ -95,6 +97,30 @@ def recorded_code(payload: dict) -> dict | None:
     if summary.is_file():
         return (read_json(summary, "a run summary").get("record") or {}).get("projections")
     return None
+
+
+def use_recorded_code(recorded: dict | None, where: str) -> None:
+    """Import the projections of one's own that `where` was made with ({name: {class, file, sha256}}) from the files
+    it recorded, where they are not registered yet (NLQ_IMPORT, read first, still overrides the location), after
+    checking each file's sha256; then check every one (check_own_code). A missing or changed file is one line naming
+    it, and nothing of a changed file is run."""
+    for name, before in sorted((recorded or {}).items()):
+        if name in PROJECTIONS or not isinstance(before, dict):
+            continue
+        file, digest = before.get("file"), before.get("sha256")
+        if not file or not Path(file).is_file():
+            raise UserError(f"{where} was made with projection {name} from {file} (sha256 {(digest or '?')[:16]}), "
+                            f"which is missing: restore it there, or import it from where it is now with "
+                            f"NLQ_IMPORT=PATH")
+        now = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+        if digest and now != digest:
+            raise UserError(f"{where} was made with projection {name} from {file} (sha256 {digest[:16]}), and that "
+                            f"file now has sha256 {now[:16]}: restore the file it was made with (or NLQ_IMPORT=PATH "
+                            f"of a copy of it)")
+        import_modules([file], where=where)
+        if name not in PROJECTIONS:
+            raise UserError(f"{where}: {file} no longer registers projection {name}; restore the file it was made with")
+    check_own_code(recorded, where)
 
 
 def run_recorded_code(run_dir: str | Path) -> dict | None:

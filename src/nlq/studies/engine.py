@@ -29,6 +29,7 @@ from nlq.studies.plan import Plan
 from nlq.studies.selection import grid_step, lowest, lr_means, two_best
 from nlq.studies.sequential import look, operating, spending_bounds
 from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
+from nlq.studies.tables import duration_text, tokens_text
 from nlq.studies.wsd import chain_tokens, flops_per_token, non_embedding_parameters, wsd_chain
 
 
@@ -241,21 +242,6 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
     return text + (f"; at the median {pace:,.0f} tokens/s of its {len(rates)} finished runs, at most "
                    f"{duration_text(hours)} as "
                    f"{shards} shard{'s' if shards > 1 else ''}")
-
-
-def tokens_text(tokens: float) -> str:
-    """A count of tokens in the unit that fits: 4.70G, 12.3M, 45.1k, 950."""
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if tokens >= scale:
-            return f"{tokens / scale:.2f}{unit}" if unit == "G" else f"{tokens / scale:.1f}{unit}"
-    return f"{tokens:,.0f}"
-
-
-def duration_text(hours: float) -> str:
-    """Hours where there are some, else minutes (at least 1), else seconds."""
-    if hours >= 1:
-        return f"{hours:.1f} h"
-    return f"{max(1.0, hours * 60):.0f} min" if hours * 60 >= 0.5 else f"{hours * 3600:.0f} s"
 
 
 def gpu_hours_text(study: Study, per_chain: int, stages: list[tuple[str, int]]) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nlq.errors import UserError
-from nlq.projections import use_recorded_code
+from nlq.runs.rundir import use_recorded_code
 from nlq.studies import comparison, probes, scaling
 from nlq.studies.design import PLAN_REPORTS, Study
 from nlq.studies.engine import plan_study

@@ -132,3 +132,18 @@ def write_result(path: Path, result: dict) -> None:
     """A report's numbers as one JSON object (result.json beside report.md): what tests and scripts read, instead
     of parsing the Markdown."""
     write_json(path, json_safe(result))
+
+
+def tokens_text(tokens: float) -> str:
+    """A count of tokens in the unit that fits: 4.70G, 12.3M, 45.1k, 950."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.2f}{unit}" if unit == "G" else f"{tokens / scale:.1f}{unit}"
+    return f"{tokens:,.0f}"
+
+
+def duration_text(hours: float) -> str:
+    """Hours where there are some, else minutes (at least 1), else seconds."""
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    return f"{max(1.0, hours * 60):.0f} min" if hours * 60 >= 0.5 else f"{hours * 3600:.0f} s"
