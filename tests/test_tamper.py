@@ -109,3 +109,17 @@ def test_collect_refuses_an_edited_study_before_copying_anything(tmp_path, capsy
     edit(study, lambda d, design: design.update(margin=0.5))
     one_line_error(capsys, ["report", str(study), "--collect", str(tmp_path / "copy")], "design.margin differs")
     assert not (tmp_path / "copy").exists()
+
+
+def test_a_finished_run_that_vanished_is_named_in_the_report(tmp_path):
+    import shutil as sh
+
+    from nlq.studies.registry import build_report
+
+    study = copy_study(tmp_path, "gate-lr")
+    gone = "d64-tpp300-gate-qknorm-lr0.004-s216"
+    sh.rmtree(study / "runs" / gone)
+    report = build_report(study)
+    assert "15 of 16 test pairs have ended" in report
+    assert "Vanished: the last report counted more finished pairs than there are now (gate-qknorm 16 then, 15 now)" \
+        in report and gone in report

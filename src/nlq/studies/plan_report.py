@@ -141,11 +141,28 @@ def running_text(study_dir: Path, s: dict) -> str:
 def write_outcome(study_dir: Path, lines: list[str], outcome: dict) -> str:
     """report.md, and its numbers as result.json, as every report writes them (and as verdict.json, the name the
     committed plan studies and scripts/publish_verdict.py read)."""
-    markdown = "\n".join(lines)
+    markdown = "\n".join(lines + vanished_lines(study_dir, outcome))
     write_json(study_dir / "verdict.json", outcome)
     write_result(study_dir / "result.json", outcome)
     atomic_write(study_dir / "report.md", markdown)
     return markdown
+
+
+def vanished_lines(study_dir: Path, outcome: dict) -> list[str]:
+    """Where the last report counted more finished pairs of an arm than there are now, the runs recorded in study.json
+    whose directories are gone: a finished run that vanished is named, not silently counted as not finished."""
+    path = study_dir / "result.json"
+    before = read_json(path, "the last report's numbers").get("finished_pairs") or {} if path.is_file() else {}
+    fewer = {arm: (n, (outcome.get("finished_pairs") or {}).get(arm, 0)) for arm, n in before.items()
+             if isinstance(n, int) and n > (outcome.get("finished_pairs") or {}).get(arm, 0)}
+    if not fewer:
+        return []
+    records = read_json(study_dir / "study.json", "the study's description").get("runs", [])
+    gone = [r["name"] for r in records if r.get("stage") == "budget" and not (study_dir / "runs" / r["name"]).exists()]
+    counts = "; ".join(f"{arm} {then} then, {now} now" for arm, (then, now) in fewer.items())
+    return ["", f"Vanished: the last report counted more finished pairs than there are now ({counts}); run directories "
+            f"recorded in study.json and gone: {', '.join(gone) or 'none (their summaries lost their endpoint)'}. "
+            "Restore them, or run the study again to train them anew."]
 
 
 def csv_columns(runs: list[dict]) -> list[str]:
