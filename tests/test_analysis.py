@@ -292,3 +292,10 @@ def test_decisions_table_and_forest_plot_come_from_the_committed_results(tmp_pat
     committed = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- decisions -->\n(.*?)\n<!-- /decisions -->", text, re.S).group(1)
     assert block in committed, "README's decisions table is not what analysis/decisions.py writes; run it"
+
+
+def test_spread_across_cpus_compares_the_committed_runs_with_their_retrained_copies():
+    out = run("spread_across_cpus.py", str(ROOT / "results" / "verdict-lr"),
+              str(ROOT / "results" / "qknorm-4e-3" / "reuse_check"))
+    assert "| d64-tpp300-linear-qknorm-lr0.004-s201 | 2.8361 | 2.8069 | -0.0293 |" in out
+    assert "-0.0293" in RESULTS_MD.read_text()
