@@ -7,7 +7,8 @@
 
 A variant is a query projection name, optionally with options after colons: `unfused` computes q and
 k/v with separate matmuls (nlq 0.1), `mlp4.75` sets model.mlp_ratio=4.75, `gate` (or `gate-headwise`) adds the
-attention output gate (model.attn_gate), `qknorm` sets model.qk_norm, `bf16` runs that variant under
+attention output gate (model.attn_gate), `qknorm` sets model.qk_norm, `diff` differential attention
+(model.attention=differential), `outnorm` its norm alone (model.attn_out_norm), `bf16` runs that variant under
 bfloat16 autocast (whatever --dtype says), so fp32 and bf16 alternate in one process. `--nanogpt PATH` adds
 karpathy/nanoGPT's GPT (loaded from that file, never copied into this repository) at the same shape
 (no biases, dropout 0, tied embeddings) with its own optimizer setup (`configure_optimizers`: on CPU, the
@@ -61,9 +62,13 @@ def nlq_variant(spec: str, base, changes: dict, device: torch.device):
             model_changes["attn_gate"] = "elementwise" if option == "gate" else "headwise"
         elif option == "qknorm":
             model_changes["qk_norm"] = True
+        elif option == "diff":
+            model_changes["attention"] = "differential"
+        elif option == "outnorm":
+            model_changes["attn_out_norm"] = True
         elif option not in ("unfused", "bf16"):
             raise SystemExit(f"unknown variant option {option!r} in {spec!r}; options: unfused, mlpR, gate, "
-                             "gate-headwise, qknorm, bf16")
+                             "gate-headwise, qknorm, diff, outnorm, bf16")
     cfg = with_model(base, **model_changes).model
     model = Transformer(cfg, seed=0).to(device)
     for module in model.modules():

@@ -210,3 +210,11 @@ def test_a_differential_run_resumes_bitwise(byte_data, tmp_path):
     train(tiny_run_config(byte_data, model=model, max_steps=4, decay_steps=8), tmp_path / "b", quiet=True)
     train(straight, tmp_path / "b", resume=True, quiet=True)
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
+def test_differential_flops_count_values_of_twice_the_width():
+    """QK^T costs what softmax attention's does; the two maps each weigh values of twice the width: 18 L d T instead
+    of 12 L d T (6 L d T more per token), the weights' 6N unchanged (the lambdas are vectors)."""
+    base = dict(vocab_size=2048, block_size=128, n_layer=2, n_head=4, n_embd=64)
+    plain, diff = Transformer(ModelConfig(**base)), Transformer(ModelConfig(**base, attention="differential"))
+    assert diff.flops_per_token() - plain.flops_per_token() == 6 * 2 * 64 * 128

@@ -374,12 +374,14 @@ class Transformer(nn.Module):
         return total
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token: 6 x (matmul weights incl. the lm_head) + 12 L d T for attention scores."""
+        """Training FLOPs per token: 6 x (matmul weights incl. the lm_head) + 12 L d T for attention scores and values
+        (differential attention: 18 L d T, its two maps weighing values of twice the width)."""
         cfg = self.cfg
         matmul_params = sum(p.numel() for n, p in self.named_parameters()
                             if p.dim() == 2 and "emb" not in n and not n.startswith(("stem.pos", "stem.cls")))
         matmul_params += cfg.vocab_size * cfg.n_embd if cfg.tie_embeddings and not cfg.classes else 0
-        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+        attention = 18 if cfg.attention == "differential" else 12
+        return 6 * matmul_params + attention * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 def _seed_of(seed: int, name: str) -> int:
