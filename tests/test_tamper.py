@@ -123,3 +123,12 @@ def test_a_finished_run_that_vanished_is_named_in_the_report(tmp_path):
     assert "15 of 16 test pairs have ended" in report
     assert "Vanished: the last report counted more finished pairs than there are now (gate-qknorm 16 then, 15 now)" \
         in report and gone in report
+
+
+def test_a_study_borrowing_from_an_edited_study_is_refused(tmp_path, capsys):
+    """gate-lr reads verdict-lr's arms: a verdict-lr beside it whose design was edited is refused like any reader's."""
+    study = copy_study(tmp_path, "gate-lr")
+    (tmp_path / "verdict-lr").unlink()
+    source = shutil.copytree(RESULTS / "verdict-lr", tmp_path / "verdict-lr")
+    edit(source, lambda d, design: design.update(margin=0.5))
+    one_line_error(capsys, ["report", str(study)], "verdict-lr/study.json: design.margin differs")

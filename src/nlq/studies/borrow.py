@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.studies.design import changed_field, upgraded_study
+from nlq.studies.design import changed_field, read_study, upgraded_study
 
 # what must be equal for runs of another study to pair with this one's: the design of the experiment, not its seeds
 # or its arms
@@ -63,6 +63,8 @@ def _source_study(source: Path, arm: str, borrow: dict, study_dir: Path) -> dict
         raise UserError(f"arm {arm} borrows the runs of study {borrow['study']}, expected beside {study_dir} at "
                         f"{source} (its study.json); copy or link the committed results/{borrow['study']} there")
     described = upgraded_study(read_json(path, f"the study.json of {borrow['study']}"))
+    if described.get("name") == borrow["study"] and isinstance(described.get("plan"), dict):
+        described = read_study(source)  # its record checked as every reader checks it (an edited design is refused)
     if described.get("name") != borrow["study"] or not isinstance(described.get("plan"), dict):
         raise UserError(f"{path} is not the plan study {borrow['study']} (it is {described.get('name')!r}); arm {arm} "
                         f"borrows from a study run from a plan file")
