@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from nlq.studies.plan_sections import family_members, member_diffs
-from nlq.studies.stats import far_above, hodges_lehmann, mean_std, median, paired_difference
+from nlq.studies.stats import equivalence_test, far_above, hodges_lehmann, mean_std, median, paired_difference
 from nlq.studies.tables import interval_text, markdown_table
 
 MADS = 3.0  # a run is "far above" its arm's median beyond this many scaled MADs (MAD x 1.4826)
@@ -51,15 +51,20 @@ def robust_section(loss: dict, s: dict, arms: list[str], seeds: list[int], pairs
         estimates[label] = hl | {"t_mean": t_interval["mean"], "t_low": t_interval["low"],
                                  "t_high": t_interval["high"]}
         robust = "n/a" if math.isnan(hl["low"]) else f"[{hl['low']:+.4f}, {hl['high']:+.4f}]"
+        tost = equivalence_test(diffs, s.margin, s.alpha)
+        estimates[label] |= {"tost_p": tost["p"], "equivalent": tost["equivalent"]}
         table.append([label, len(diffs), f"{t_interval['mean']:+.4f}", interval_text(t_interval),
-                      f"{hl['estimate']:+.4f}", robust, "n/a" if math.isnan(hl["level"]) else f"{hl['level']:.3f}"])
+                      f"{hl['estimate']:+.4f}", robust, "n/a" if math.isnan(hl["level"]) else f"{hl['level']:.3f}",
+                      f"{tost['p']:.3g} ({'shown' if tost['equivalent'] else 'not shown'})"])
     if table:
         lines += ["", "Beside each t interval, the Hodges-Lehmann estimate (the median of the Walsh averages of the "
                   "per-seed Δ) with its exact distribution-free interval (signed-rank; its level at least "
                   f"{s.confidence:.0%}, the achieved one given), which a few pairs far off move less than the mean; "
+                  f"and each Δ's equivalence within ±{s.margin:g} nats (two one-sided t tests at {s.alpha:g}, the "
+                  "primary rule's; for a declared comparison a reading, not part of its registered words); "
                   "unadjusted.", ""]
         lines += markdown_table(["Δ", "pairs", "mean", f"{s.confidence:.0%} t interval", "Hodges-Lehmann",
-                                 "its interval", "level"], table)
+                                 "its interval", "level", f"equivalence ±{s.margin:g}: TOST p"], table)
     return lines, {"tails": tails, "hodges_lehmann": estimates}
 
 
