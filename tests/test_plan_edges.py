@@ -303,3 +303,18 @@ def test_a_tiny_plans_dry_run_gives_its_cost_in_units_that_fit(tmp_path, capsys)
     assert "0.00G" not in out and re.search(r"test 4 chains \(\d[\d.]*k tokens\)", out), out
     assert (tokens_text(4.7e9), tokens_text(1.23e7), tokens_text(950)) == ("4.70G", "12.3M", "950")
     assert (duration_text(2.34), duration_text(0.2), duration_text(0.001)) == ("2.3 h", "12 min", "4 s")
+
+
+def test_a_split_per_seed_on_a_text_corpus_is_refused_before_study_json(byte_data, tmp_path, capsys):
+    import tomllib
+
+    from helpers import one_line_error
+    from test_plans import to_toml
+
+    plan = plan_text(tmp_path)
+    raw = tomllib.loads(plan.read_text())
+    raw["base"]["data"] |= {"split": "seed"}
+    plan.write_text(to_toml(raw))
+    one_line_error(capsys, ["study", str(plan), "--out", str(tmp_path / "s"), "--data", str(byte_data)],
+                   "data.split=seed splits labelled examples")
+    assert not (tmp_path / "s" / "study.json").exists()

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from nlq.config import RunConfig, upgraded
+from nlq.data.labelled import is_labelled
 from nlq.errors import LockHeld, UserError
 from nlq.fileio import read_json, write_json
 from nlq.lock import DirectoryLock
@@ -195,6 +196,9 @@ def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, sh
             check_memory(config, config.train.batch_size, resolve_device(config.train.device))
         for config in configs + arm_configs(study, overrides, data):  # a loss it cannot run, in any arm and stage
             loss_impl(config, bool(config.data.task), resolve_device(config.train.device))
+            if config.data.split == "seed" and not is_labelled(study.data.source):
+                raise UserError(f"data.split=seed splits labelled examples by each run's seed, and study {study.name} "
+                                f"trains on {study.data.source!r}, a text corpus with a fixed val split; leave it out")
         groups = len(dict.fromkeys(r.chain for r in first))
         if shard is not None and shard[1] > groups:  # more shards than the first stage's work: a typo
             raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
