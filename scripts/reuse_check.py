@@ -77,9 +77,11 @@ def main(argv: list[str] | None = None) -> dict:
     described = read_json(source / "study.json", "the study's description")
     study = plan_study(read_plan(described["plan"], str(source / "study.json")))
     meta = read_json(Path(args.data) / "meta.json", "the data's description")
-    if meta["source_hash"] != described["data_meta"]["source_hash"]:
-        raise UserError(f"{args.data} holds another corpus than {source} trained on (source hash "
-                        f"{meta['source_hash'][:16]}, not {described['data_meta']['source_hash'][:16]})")
+    key = "source_hash" if "source_hash" in meta else "content_hash"  # a text corpus, or labelled examples
+    theirs = (described.get("data_meta") or {}).get(key)
+    if meta.get(key) != theirs:
+        raise UserError(f"{args.data} holds other data than {source} trained on ({key} {str(meta.get(key))[:16]}, not "
+                        f"{str(theirs)[:16]})")
     results = []
     for spec in args.chains:
         arm, lr, seed = spec.split(":")

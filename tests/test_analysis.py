@@ -299,3 +299,6 @@ def test_spread_across_cpus_compares_the_committed_runs_with_their_retrained_cop
               str(ROOT / "results" / "qknorm-4e-3" / "reuse_check"))
     assert "| d64-tpp300-linear-qknorm-lr0.004-s201 | 2.8361 | 2.8069 | -0.0293 |" in out
     assert "-0.0293" in RESULTS_MD.read_text()
+    same_kind = run("spread_across_cpus.py", str(ROOT / "results" / "digits-lr"),
+                    str(ROOT / "results" / "digits-lr" / "reuse_check"))
+    assert same_kind.count("| +0.0000 |") == 15  # 10 runs and 5 pairs, bitwise on the same CPU kind
