@@ -58,27 +58,19 @@ def test_two_processes_match_one_process(byte_data, tmp_path, strategy):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_gated_model_in_two_processes_matches_one_process(byte_data, tmp_path, strategy):
-    """The output gate (model.attn_gate) under DDP and FSDP2: its W_g is sharded and its gradients reduced like any
-    other weight, so two processes train the curve one process trains."""
-    gate = ["--model.attn_gate=elementwise", "--model.qk_norm=true"]
+@pytest.mark.parametrize("flags, field, value", [
+    (["--model.attn_gate=elementwise", "--model.qk_norm=true"], "attn_gate", "elementwise"),
+    (["--model.attention=differential"], "attention", "differential"),
+], ids=["gate", "differential"])
+def test_a_gated_or_differential_model_in_two_processes_matches_one_process(byte_data, tmp_path, strategy, flags,
+                                                                            field, value):
+    """The output gate's W_g (model.attn_gate) and differential attention's lambda vectors under DDP and FSDP2: sharded
+    and reduced like any other weight, so two processes train the curve one process trains."""
     result = torchrun("train", "--data", byte_data, "--out", tmp_path / "dist", *TINY, "--train.max_steps=6",
-                      f"--dist.strategy={strategy}", *gate)
+                      f"--dist.strategy={strategy}", *flags)
     assert result.returncode == 0, result.stderr[-3000:]
-    single(byte_data, tmp_path / "one", *gate)
-    assert json.loads((tmp_path / "dist" / "config.json").read_text())["model"]["attn_gate"] == "elementwise"
-    assert_same_curve(curve(tmp_path / "dist"), curve(tmp_path / "one"))
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_differential_model_in_two_processes_matches_one_process(byte_data, tmp_path, strategy):
-    """Differential attention's lambda vectors are sharded and reduced like any other weight under DDP and FSDP2."""
-    diff = ["--model.attention=differential"]
-    result = torchrun("train", "--data", byte_data, "--out", tmp_path / "dist", *TINY, "--train.max_steps=6",
-                      f"--dist.strategy={strategy}", *diff)
-    assert result.returncode == 0, result.stderr[-3000:]
-    single(byte_data, tmp_path / "one", *diff)
-    assert json.loads((tmp_path / "dist" / "config.json").read_text())["model"]["attention"] == "differential"
+    single(byte_data, tmp_path / "one", *flags)
+    assert json.loads((tmp_path / "dist" / "config.json").read_text())["model"][field] == value
     assert_same_curve(curve(tmp_path / "dist"), curve(tmp_path / "one"))
 
 
