@@ -125,3 +125,27 @@ def assert_wrapped_run_matches_plain(config, strategy, backend, tmp_path, monkey
     assert len(a) == len(b) == config.train.max_steps
     for x, y in zip(a, b):
         assert abs(x - y) <= 1e-4 * abs(x)
+
+
+def written_out_qkv(attn, x, rotary=None):
+    """q, k, v (B, h, T, hs) of a linear-query attention written out from its weights alone (fused K/V, QK-norm or not,
+    the NeoX half-split rotation where rotary is given; k and v expanded to every query head): the start of every
+    hand-written attention reference in the tests."""
+    import torch
+
+    B, T, _ = x.shape
+    nh, hs = attn.n_head, attn.head_size
+    q = x @ attn.q_proj.weight_proj.weight.T
+    k, v = (x @ attn.kv_proj.weight.T).split(attn.kv_dim, dim=-1)
+    q, k, v = (t.view(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))
+    if attn.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    if rotary is not None:
+        cos, sin = (t.to(x.dtype) for t in rotary)
+
+        def rotate(t):
+            t1, t2 = t[..., :hs // 2], t[..., hs // 2:]
+            return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], dim=-1)
+        q, k = rotate(q), rotate(k)
+    k, v = (t.repeat_interleave(nh // k.size(1), dim=1) for t in (k, v))
+    return q, k, v

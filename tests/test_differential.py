@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from helpers import tiny_model_config
+from helpers import tiny_model_config, written_out_qkv
 from nlq.components import KVCache, lambda_init
 from nlq.config import ModelConfig
 from nlq.errors import ConfigError
@@ -20,19 +20,7 @@ def reference_differential(attn, x, layer, rotary=None):
     exp(lq2 . lk2) + lambda_init, each head RMS-normalised over its 2 hs, times (1 - lambda_init), then W_O."""
     B, T, C = x.shape
     nh, hs = attn.n_head, attn.head_size
-    q = x @ attn.q_proj.weight_proj.weight.T
-    k, v = (x @ attn.kv_proj.weight.T).split(attn.kv_dim, dim=-1)
-    q, k, v = (t.view(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))
-    if attn.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    if rotary is not None:
-        cos, sin = (t.to(x.dtype) for t in rotary)
-
-        def rotate(t):
-            t1, t2 = t[..., :hs // 2], t[..., hs // 2:]
-            return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], dim=-1)
-        q, k = rotate(q), rotate(k)
-    k, v = (t.repeat_interleave(nh // k.size(1), dim=1) for t in (k, v))
+    q, k, v = written_out_qkv(attn, x, rotary)
     mask = ~torch.ones(T, T, dtype=torch.bool).tril()
 
     def softmax(i):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from helpers import tiny_model_config, tiny_run_config
+from helpers import tiny_model_config, tiny_run_config, written_out_qkv
 from nlq.components import KVCache
 from nlq.config import ModelConfig
 from nlq.errors import ConfigError
@@ -21,19 +21,7 @@ def reference_gated_attention(attn, x, rotary=None):
     (linear query, fused K/V, QK-norm or not)."""
     B, T, C = x.shape
     nh, hs = attn.n_head, attn.head_size
-    q = x @ attn.q_proj.weight_proj.weight.T
-    k, v = (x @ attn.kv_proj.weight.T).split(attn.kv_dim, dim=-1)
-    q, k, v = (t.view(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))
-    if attn.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    if rotary is not None:
-        cos, sin = rotary
-
-        def rotate(t):
-            t1, t2 = t[..., :hs // 2], t[..., hs // 2:]
-            return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], dim=-1)
-        q, k = rotate(q), rotate(k)
-    k, v = (t.repeat_interleave(nh // k.size(1), dim=1) for t in (k, v))
+    q, k, v = written_out_qkv(attn, x, rotary)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
     scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
     y = (scores.softmax(-1) @ v).transpose(1, 2)  # (B, T, nh, hs)
