@@ -90,12 +90,23 @@ def two_arm_study(config, name="tiny", seeds=(1, 2), description="two arms"):
                  seeds=list(seeds), data=DataSpec("unused", "byte"))
 
 
+def shipped_study(name, **design):
+    """The study of a shipped plan (plans/NAME.toml) with these [design] fields changed, e.g. a tiny grid."""
+    import tomllib
+
+    from nlq.studies.engine import plan_study
+    from nlq.studies.plan import read_plan, shipped_plans
+
+    raw = tomllib.loads(shipped_plans()[name].read_text())
+    raw["design"] |= design
+    return plan_study(read_plan(raw, name))
+
+
 def task_study(name, variants):
     """A study on a synthetic task (no prepared data), for the tests that give it stages of their own."""
     from nlq.studies.design import DataSpec, Study
-    from nlq.studies.probes import base
 
-    return Study(name, "", base(), list(variants), seeds=[1], data=DataSpec("task", "none"))
+    return Study(name, "", shipped_study("probes").base, list(variants), seeds=[1], data=DataSpec("task", "none"))
 
 
 TASK = {"data": {"task": "mqar", "task_vocab": 8, "task_pairs": 2}, "train": {"max_steps": 2}}

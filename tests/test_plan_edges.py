@@ -296,7 +296,7 @@ def test_an_arm_whose_loss_this_machine_cannot_run_is_refused_before_study_json(
 
 def test_a_tiny_plans_dry_run_gives_its_cost_in_units_that_fit(tmp_path, capsys):
     from nlq.cli import main
-    from nlq.studies.engine import duration_text, tokens_text
+    from nlq.studies.tables import duration_text, tokens_text
 
     main(["study", str(plan_text(tmp_path)), "--out", str(tmp_path / "s"), "--dry-run"])
     out = capsys.readouterr().out

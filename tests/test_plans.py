@@ -264,7 +264,7 @@ def test_the_dry_run_says_what_the_test_pairs_buy_at_the_planning_sd(tmp_path, c
     """verdict-lr's 16 pairs were fixed for at least 70% power at a true Δ of 0.02 and sd 0.03; a user's plan that
     declares more power than its pairs give is told how many would."""
     from nlq.cli import main
-    from nlq.studies.engine import power_text
+    from nlq.studies.plan_costs import power_text
     from nlq.studies.stats import power_paired_t
 
     line = power_text(get_study("verdict-lr").design)
@@ -280,7 +280,7 @@ def test_the_dry_run_says_what_the_test_pairs_buy_at_the_planning_sd(tmp_path, c
 def test_the_dry_run_bounds_every_stage_and_lists_the_weights_each_arm_shares_with_the_baseline():
     """A grid plan's dry run used to count its first stage only ("in all: 24 runs" where 36 ran); it now bounds
     the whole plan, the edge rule's worst case included, and shows which initial weights each arm shares."""
-    from nlq.studies.engine import bounds_text, shared_start_text
+    from nlq.studies.plan_costs import bounds_text, shared_start_text
 
     study = get_study("gate-lr")
     bounds = bounds_text(study)
@@ -322,10 +322,16 @@ def test_every_shipped_plans_design_round_trips_through_study_json():
     import dataclasses
 
     from nlq.studies.plan_design import check_design
+    from nlq.studies.plan_explore import Exploration
 
     for name, path in shipped_plans().items():
         design = load_plan(path).design
         assert check_design(json.loads(json.dumps(design.to_dict())), name) == design, name
+        if isinstance(design, Exploration):  # an exploratory plan (kind = "comparison", "scaling" or "probes")
+            assert design["kind"] == design.kind and dict(design) == design.to_dict() == design
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                design.seeds = [1]
+            continue
         assert design.kind == ("lr-grid" if design.lrs is not None else "fixed-lr")
         assert design["seeds"] == design.seeds and dict(design) == design.to_dict() == design  # the mapping view
         assert ("looks" in design) == (design.looks is not None)

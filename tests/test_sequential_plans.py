@@ -39,7 +39,8 @@ def test_a_bad_sequential_field_is_one_line_naming_it(tmp_path, change, needle):
 
 
 def test_the_dry_run_prints_each_looks_bound_and_what_the_design_buys(tmp_path):
-    from nlq.studies.engine import plan_study, power_text
+    from nlq.studies.engine import plan_study
+    from nlq.studies.plan_costs import power_text
 
     s = plan_study(load_plan(sequential_plan(tmp_path, [{"name": "linear"}, {"name": "mine"}]))).design
     text = power_text(s)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import TASK, fake_training, one_line_error, task_study, tiny_run_config, two_arm_study
+from helpers import TASK, fake_training, one_line_error, shipped_study, task_study, tiny_run_config, two_arm_study
 from nlq.studies.design import Arm
 from nlq.studies.dry_run import dry_run_text
 from nlq.studies.registry import build_report, get_study
@@ -107,7 +107,7 @@ def test_lr_sweep_reports_each_variant_at_its_best(byte_data, tmp_path):
 
 def test_unknown_study_is_a_clear_error():
     with pytest.raises(ValueError,
-                       match="unknown study 'big'; valid studies: cpu, cpu-lr, encoder, kvo, paper, scaling"):
+                       match="unknown study 'big'; valid studies: cpu, cpu-lr, diff-lr, "):
         get_study("big")
 
 
@@ -178,13 +178,11 @@ def test_report_on_a_missing_study_is_a_clear_error(tmp_path):
 def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path):
     """The scaling study on a tiny width: the lr sweep picks each variant's lr, then one WSD stable run per
     (variant, seed) branches a cooldown at every budget; the report pairs each budget's variants by seed."""
-    from nlq.studies import scaling
-
     widths = {"d16": {"shape": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "budgets": [4, 8], "lrs": [1e-3, 4e-3],
                       "sweep_tpp": 4}}
     overrides = ["--model.vocab_size=257", "--model.block_size=32", "--data.eval_windows=4", "--train.warmup_steps=2",
                  "--train.batch_size=4"]
-    study = scaling.scaling(widths, seeds=[1, 2])
+    study = shipped_study("scaling", widths=widths, seeds=[1, 2])
     before = dry_run_text(study, tmp_path, overrides, data_dir=str(byte_data)).splitlines()
     run_study(study, tmp_path, overrides, data_dir=str(byte_data), log=lambda *_: None)
     described = json.loads((tmp_path / "study.json").read_text())
@@ -213,7 +211,8 @@ def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path):
     assert "best lr" in markdown and (tmp_path / "scaling_delta.png").stat().st_size > 0
     assert described["design"]["widths"] == widths and described["seeds"] == [1, 2]  # the design, on disk
     messages = []  # started again: everything is finished
-    run_study(scaling.scaling(widths, seeds=[1, 2]), tmp_path, overrides, data_dir=str(byte_data), log=messages.append)
+    run_study(shipped_study("scaling", widths=widths, seeds=[1, 2]), tmp_path, overrides, data_dir=str(byte_data),
+              log=messages.append)
     assert not [m for m in messages if m.startswith("[") and "skipped" not in m]
 
 
@@ -238,19 +237,16 @@ def test_tpp_trend_is_the_mean_of_per_seed_slopes_against_log2_tokens():
 
 
 def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_path, monkeypatch):
-    from nlq.studies import scaling
-
-    widths = {"d16": {"shape": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "budgets": [4, 8], "lrs": [1e-3],
-                      "sweep_tpp": 4}}
+    widths = {"d16": {"shape": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "budgets": [4, 8]}}
     calls = fake_training(monkeypatch)
-    study = scaling.scaling_shared_lr(widths=widths)
+    study = shipped_study("scaling-shared-lr", widths=widths)
     run_study(study, tmp_path, ["--model.vocab_size=257", "--model.block_size=32", "--train.batch_size=4"],
               data_dir=str(byte_data), log=lambda *_: None)
     trained = [config for _, _, config in calls]
     assert {c.model.query for c in trained} == {"linear", "nonlinear"} and {c.model.mlp_ratio for c in trained} == {4.0}
-    assert {c.train.lr for c in trained} == {scaling.SHARED_LR}
+    assert {c.train.lr for c in trained} == {study.design.lr} == {2e-3}
     budgets = [r for r in json.loads((tmp_path / "study.json").read_text())["runs"] if r["stage"] == "budget"]
-    assert sorted({r["tpp"] for r in budgets}) == [4, 8] and len(budgets) == 2 * 2 * len(scaling.SEEDS)
+    assert sorted({r["tpp"] for r in budgets}) == [4, 8] and len(budgets) == 2 * 2 * len(study.seeds)
 
 
 def test_paired_curve_is_the_per_step_paired_difference():
@@ -371,7 +367,9 @@ def test_more_shards_than_work_is_refused(byte_data, tmp_path, capsys):
 
 
 def test_a_shard_whose_partner_never_starts_or_died_takes_over_its_chains_after_its_own(tmp_path, monkeypatch):
-    from nlq.studies.design import LINEAR, Run
+    from nlq.studies.design import Arm, Run
+
+    LINEAR = Arm("linear", {"model": {"query": "linear"}})
 
     trained = fake_training(monkeypatch)
     study = task_study("lonely", [LINEAR])
@@ -395,7 +393,9 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
     stage starts only once that process has finished it."""
     from nlq.lock import directory_lock
     from nlq.studies import study as study_module
-    from nlq.studies.design import LINEAR, Run
+    from nlq.studies.design import Arm, Run
+
+    LINEAR = Arm("linear", {"model": {"query": "linear"}})
     from nlq.studies.sharding import chain_lock
 
     trained = fake_training(monkeypatch)

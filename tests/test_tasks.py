@@ -105,13 +105,13 @@ def test_a_tiny_model_learns_mqar_with_few_pairs(tmp_path):
 
 @pytest.mark.slow
 def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path):
-    from nlq.studies import probes
+    from helpers import shipped_study
     from nlq.studies.registry import build_report
     from nlq.studies.study import run_study
 
     tasks = {"mqar-2": {"task": "mqar", "vocab": 8, "pairs": 2, "block": 16, "widths": [16, 32]},
              "lookup-2": {"task": "lookup", "vocab": 16, "pairs": 2, "block": 16, "widths": [16, 32]}}
-    run_study(probes.probes(tasks, seeds=[1, 2]), tmp_path,
+    run_study(shipped_study("probes", tasks=tasks, seeds=[1, 2]), tmp_path,
               ["--train.max_steps=3", "--train.eval_every=3", "--data.eval_windows=8",
                                           "--train.batch_size=4", "--train.warmup_steps=1"], log=lambda *_: None)
     markdown = build_report(tmp_path)

@@ -21,6 +21,5 @@ def preset_names() -> list[str]:
     return _dict_keys("nlq", "presets.py", "PRESETS")
 
 
-def study_names() -> list[str]:  # the registered studies, then the shipped plans (nlq/plans/*.toml) by name
-    plans = sorted(p.name[:-5] for p in (resources.files("nlq") / "plans").iterdir() if p.name.endswith(".toml"))
-    return _dict_keys("nlq.studies", "registry.py", "STUDIES") + plans
+def study_names() -> list[str]:  # every study is a plan: the shipped plans (nlq/plans/*.toml) by name
+    return sorted(p.name[:-5] for p in (resources.files("nlq") / "plans").iterdir() if p.name.endswith(".toml"))

@@ -1,12 +1,10 @@
-"""The comparison studies (`cpu`, the main job of `nlq reproduce`; `cpu-lr`, `encoder`, `kvo`, `paper`): variants x
-seeds (x peak lrs) on one budget, and their report.
-
-The report: per arm its non-embedding parameters (and % vs baseline), final val loss mean and std over
-seeds, perplexity, relative change vs baseline in log-loss and perplexity ((arm - base) / base: positive is
-worse), tokens/s; paired differences vs the baseline over seeds, with 95% t intervals, Holm-adjusted over the
-arms; parameter equivalence (val loss against log(non-embedding parameters) over the baseline width family); plots
-val_curves.png, loss_vs_params.png and paired_curves.png. With several peak lrs, each arm is compared at
-its own best (lowest mean val loss).
+"""The report of a comparison plan ([design] kind = "comparison": plans/cpu.toml, the main job of `nlq reproduce`;
+cpu-lr, encoder, kvo, paper): arms x seeds (x peak lrs) on one budget. Per arm its non-embedding parameters (and %
+vs baseline), final val loss mean and std over seeds, perplexity, relative change vs baseline in log-loss and
+perplexity ((arm - base) / base: positive is worse), tokens/s; paired differences vs the baseline over seeds, with
+95% t intervals, Holm-adjusted over the arms; parameter equivalence (val loss against log(non-embedding parameters)
+over the baseline width family); plots val_curves.png, loss_vs_params.png and paired_curves.png. With several peak
+lrs, each arm is compared at its own best (lowest mean val loss).
 """
 
 from __future__ import annotations
@@ -18,109 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from nlq.config import RunConfig, update
 from nlq.errors import UserError
 from nlq.fileio import atomic_write
-from nlq.presets import get_preset
 from nlq.studies.design import (
-    IDENTITY,
-    LINEAR,
-    MLP_4_5,
-    MLP_4_75,
-    NONLINEAR,
-    RESIDUAL,
-    Arm,
-    DataSpec,
-    Study,
     upgraded_study,
 )
 from nlq.studies.plots import plot_loss_vs_params, plot_paired_curves, plot_val_curves
 from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
 from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
-
-
-def _paper_arms(mlp: bool = True) -> list[Arm]:
-    arms = [
-        LINEAR, NONLINEAR, IDENTITY, RESIDUAL,
-    ]
-    if mlp:
-        arms += [
-            MLP_4_5, MLP_4_75,
-        ]
-    return arms
-
-
-def cpu_base() -> RunConfig:
-    """The CPU comparison's model and recipe; why these numbers: docs/RESULTS.md."""
-    config = get_preset("micro")  # 4 layers, d 128, 4 heads, context 128
-    return update(config, {
-        "model": {"vocab_size": 2048},
-        "train": {"max_steps": 600, "batch_size": 16, "lr": 2e-3, "min_lr": 2e-4, "warmup_steps": 50,
-                  "eval_every": 100, "checkpoint_every": 100, "keep_checkpoints": 1, "log_every": 50,
-                  "loss_impl": "plain"},  # as when its results were made (train.loss_impl came later)
-        "data": {"eval_windows": 256},
-    })
-
-
-CPU_DATA = DataSpec("shakespeare", "bpe:2048")
-WIDTH_FAMILY = ["linear", "linear-mlp4.5", "linear-mlp4.75"]
-
-
-def cpu() -> Study:
-    return Study("cpu", "the paper's comparison at CPU scale: 6 variants x 3 seeds on Shakespeare",
-                 cpu_base(), _paper_arms(), seeds=[1, 2, 3], data=CPU_DATA, width_family=WIDTH_FAMILY)
-
-
-def cpu_lr() -> Study:
-    base = update(cpu_base(), {"train": {"max_steps": 300, "warmup_steps": 30, "eval_every": 100,
-                                         "checkpoint_every": 100}})
-    arms = _paper_arms() + [
-        Arm("linear-qknorm", {"model": {"query": "linear", "qk_norm": True}}, "baseline with QK-norm"),
-    ]
-    return Study("cpu-lr",
-                 "each variant at several peak learning rates, compared at its best (docs/METHOD.md, section 6)",
-                 base, arms, seeds=[1, 2], data=CPU_DATA, lrs=[1e-3, 2e-3, 4e-3], width_family=WIDTH_FAMILY)
-
-
-def encoder() -> Study:
-    """The W_Q absorption argument holds for any mask; here the encoder, trained with masked LM."""
-    base = update(cpu_base(), {"model": {"causal": False, "vocab_size": 2112},  # bpe:2048 + mask token
-                               "train": {"objective": "mlm"}})
-    arms = [v for v in _paper_arms(mlp=False) if v.name in ("linear", "nonlinear", "identity")]
-    return Study("encoder", "masked-LM encoder on Shakespeare: linear vs nonlinear vs identity query",
-                 base, arms, seeds=[1, 2, 3], data=CPU_DATA)
-
-
-def kvo() -> Study:
-    """Which placements of the nonlinear projection help: q (the paper), k, v, o, and q + k."""
-    def placed(name: str, note: str, **projections) -> Arm:
-        return Arm(name, {"model": {"projections": projections}}, note)
-
-    arms = [
-        placed("linear", "baseline: every projection linear"),
-        placed("q-nonlinear", "Q = (X + f(X)) / 2, the paper", q="nonlinear"),
-        placed("k-nonlinear", "K = (X + f(X)) / 2", k="nonlinear"),
-        placed("v-nonlinear", "V = (X + f(X)) / 2", v="nonlinear"),
-        placed("o-nonlinear", "output = (Y + f(Y)) / 2", o="nonlinear"),
-        placed("qk-nonlinear", "both Q and K nonlinear", q="nonlinear", k="nonlinear"),
-    ]
-    return Study("kvo", "the nonlinear projection at each placement: q, k, v, o, q+k", cpu_base(), arms,
-                 seeds=[1, 2, 3], data=CPU_DATA)
-
-
-def paper() -> Study:
-    """GPT-3 small on OpenWebText with GPT-2 BPE, as the paper (for GPUs). The nonlinear run at the paper's
-    higher peak lr is included beside the lr-matched one."""
-    arms = [
-        Arm("linear", {"model": {"query": "linear"}}, "baseline, lr 6e-4"),
-        Arm("nonlinear", {"model": {"query": "nonlinear"}}, "the method at the baseline's lr"),
-        Arm("nonlinear-lr3.6e-3", {"model": {"query": "nonlinear"}, "train": {"lr": 3.6e-3, "min_lr": 2e-5}},
-                "the method at the paper's v3 lr"),
-        MLP_4_75,
-    ]
-    return Study("paper", "the paper's GPT-3-small recipe (60k steps of 491,520 tokens)", get_preset("gpt3-small"),
-                 arms, seeds=[1337], data=DataSpec("hf:Skylion007/openwebtext", "gpt2", val_fraction=0.0005))
-
 
 # ---- the report ----------------------------------------------------------------------------------
 

@@ -53,15 +53,6 @@ class Arm:
     note: str = ""
 
 
-# The arms the studies share, defined once (a study may add its own, e.g. the paper's lr for the method).
-LINEAR = Arm("linear", {"model": {"query": "linear"}}, "baseline: Q = X W_Q")
-NONLINEAR = Arm("nonlinear", {"model": {"query": "nonlinear"}}, "the method: Q = (X + f(X)) / 2")
-IDENTITY = Arm("identity", {"model": {"query": "identity"}}, "Q = X, no W_Q (-8.3% attention weights)")
-RESIDUAL = Arm("residual", {"model": {"query": "residual"}}, "Q = (X + X W_Q) / 2, a linear control")
-MLP_4_5 = Arm("linear-mlp4.5", {"model": {"mlp_ratio": 4.5}}, "baseline, MLP 4.5x (+ the size of W_Q)")
-MLP_4_75 = Arm("linear-mlp4.75", {"model": {"mlp_ratio": 4.75}}, "baseline, MLP 4.75x (the paper's +12.5%)")
-
-
 @dataclass(frozen=True)
 class DataSpec:
     """What `nlq prepare` makes for the study when no --data is given."""
@@ -108,7 +99,7 @@ class Study:
         described = {"name": self.name, "description": self.description, "baseline": self.baseline,
                      "report": self.report, "width_family": self.width_family, "seeds": self.seeds, "lrs": self.lrs,
                      "arms": [dataclasses.asdict(v) for v in self.arms], "data": dataclasses.asdict(self.data)}
-        design = self.design.to_dict() if isinstance(self.design, Design) else self.design
+        design = self.design.to_dict() if hasattr(self.design, "to_dict") else self.design
         described |= {"design": design} if design else {}
         plan = {"plan": self.plan, "plan_hash": plan_hash(self.plan)} if self.plan is not None else {}
         return described | plan
@@ -182,7 +173,14 @@ def read_study(study_dir: Path) -> dict:
         raise UserError(f"{study_path} lists its runs wrongly (not a list of runs with names); run nlq study again")
     if study.get("report") in PLAN_REPORTS:
         study = checked_plan_study(study, Path(study_dir))
+    elif study.get("plan") is not None:  # an exploratory plan's study (a study of code's own before plans has none)
+        study = study | {"design": check_design(study.get("design"), str(study_path), _arm_names(study))}
+        check_frozen(study, Path(study_dir))
     return study
+
+
+def _arm_names(study: dict) -> list[str]:
+    return [v.get("name") for v in study.get("arms", []) if isinstance(v, dict)]
 
 
 def checked_plan_study(study: dict, study_dir: Path) -> dict:
@@ -238,7 +236,7 @@ def check_frozen(study: dict, study_dir: Path) -> None:
                             f"after the study ran; {restore}")
     borrowed = {a["name"]: a["borrow"] for a in plan.get("arms", []) if isinstance(a, dict) and "borrow" in a}
     expected = check_design(dict(plan.get("design") or {}, **({"borrowed": borrowed} if borrowed else {})),
-                            str(where))
+                            str(where), _arm_names(plan))
     if expected != study["design"]:
         field_name = changed_field(expected.to_dict(), study["design"].to_dict(), "design") or "design"
         key = field_name.removeprefix("design.").split(".")[0].split("[")[0]

@@ -18,7 +18,8 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
                   shards: int | None, dry_run: bool) -> None:
     """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
     from nlq.studies.dry_run import dry_run_text
-    from nlq.studies.engine import arms_text, bounds_text, power_text, shared_start_text
+    from nlq.studies.plan_costs import arms_text, bounds_text, exploration_text, power_text, shared_start_text
+    from nlq.studies.plan_explore import Exploration
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.sharding import parse_shard
     from nlq.studies.study import run_study
@@ -37,7 +38,9 @@ def study_command(name: str, out: str, data: str | None, overrides: list[str], s
         if dry_run:
             for one in chosen:
                 print(dry_run_text(study, out, overrides, data_dir=data, shard=one))
-            if study.plan is not None:
+            if isinstance(study.design, Exploration):
+                print(exploration_text(study, Path(out), shards or 1))
+            elif study.plan is not None:
                 print(arms_text(study))
                 print(shared_start_text(study))
                 print(bounds_text(study, Path(out), shards or 1))

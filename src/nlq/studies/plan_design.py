@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nlq.errors import UserError
+from nlq.studies.plan_explore import EXPLORE_FIELDS, Exploration, exploration_of
 
 ENDPOINTS = ("full_val_loss", "val_loss")
 COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int, float), "seeds": list,
@@ -22,7 +23,10 @@ COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int,
           "planning_sd": float}
 FIXED_LR = {"lr": float, "min_lr": float}
 LR_GRID = {"lrs": list, "edge_factor": float, "max_extensions": int, "min_lr_ratio": float, "selection_seeds": list}
-KIND_FIELDS = {"fixed-lr": FIXED_LR, "lr-grid": LR_GRID}  # a kind's own fields (Design.kind; engine.LR_RULES)
+# a kind's own fields: a decision's (Design.kind, from its fields; engine.LR_RULES), then the exploratory kinds a plan
+# names with [design] kind = ... (plan_explore.py; families.py runs them)
+KIND_FIELDS = {"fixed-lr": FIXED_LR, "lr-grid": LR_GRID} | {
+    kind: {key: wanted for key, (wanted, _) in fields.items()} for kind, fields in EXPLORE_FIELDS.items()}
 # an lr grid's optional fields: arms held at an lr of their own (not selected), and the firmer selection (the two best
 # lrs of each refined arm trained on more seeds, the pooled mean selecting)
 GRID_OPTIONAL = {"pinned_lrs": dict, "refine_seeds": list, "refine_arms": list, "refine_selects": bool}
@@ -137,8 +141,16 @@ class Design(Mapping):
     __hash__ = None  # its lists and tables are mutable
 
 
-def design_of(table: dict, arms: list[str], fail, borrowed: dict | None = None) -> Design:
-    """A plan's [design] table, every field checked (fail(field, what) raises), as a Design."""
+def design_of(table: dict, arms: list[str], fail, borrowed: dict | None = None) -> Design | Exploration:
+    """A plan's [design] table, every field checked (fail(field, what) raises), as a Design (a decision), or as an
+    Exploration when it names an exploratory kind (kind = "comparison", "scaling" or "probes")."""
+    if "kind" in table:
+        if table["kind"] not in EXPLORE_FIELDS:
+            fail("design.kind", f"is {table['kind']!r}; choose {', '.join(EXPLORE_FIELDS)} (an exploratory plan), or "
+                                "leave kind out for a decision (one lr, or an lr grid, by its fields)")
+        if borrowed:
+            fail("arms.borrow", f"is for decisions; a {table['kind']} plan trains every arm it names")
+        return exploration_of(dict(table), arms, fail)
     design = Design(**_checked(dict(table), arms, fail), **({"borrowed": borrowed} if borrowed else {}))
     lent = [arm for arm in design.refined_arms if arm in (borrowed or {})]
     if design.refine_selects and lent:
@@ -149,15 +161,18 @@ def design_of(table: dict, arms: list[str], fail, borrowed: dict | None = None) 
     return design
 
 
-def check_design(recorded, where: str) -> Design:
+def check_design(recorded, where: str, arms: list[str] | None = None) -> Design | Exploration:
     """A study's design as study.json holds it (a plan's [design]), checked as a plan file's design is: a
     study.json edited by hand is a one-line error naming the field, not a traceback in its report."""
     def fail(field: str, what: str):
         raise UserError(f"{where}: {field} {what}; run the study again from its plan to rewrite it")
 
+    if isinstance(recorded, dict) and recorded.get("kind") in EXPLORE_FIELDS:  # an exploratory plan's
+        named = [recorded.get("baseline"), *(recorded.get("width_family") or [])]  # the arms it names
+        return design_of(dict(recorded), list(arms) if arms is not None else named, fail)
     if not isinstance(recorded, dict) or not isinstance(recorded.get("primary"), list):
         fail("design", "is missing or holds no design.primary")
-    arms = [a for a in recorded["primary"] + (recorded.get("secondary") or []) if isinstance(a, str)]
+    arms = [a for a in recorded["primary"] + (recorded.get("secondary") or []) if isinstance(a, str)]  # its own
     design = dict(recorded)
     borrowed = design.pop("borrowed", None)
     if borrowed is not None and not (isinstance(borrowed, dict) and set(borrowed) <= set(arms)):

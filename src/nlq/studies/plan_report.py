@@ -15,6 +15,7 @@ from pathlib import Path
 
 from nlq.config import RunConfig
 from nlq.fileio import atomic_write, read_json, write_json
+from nlq.studies.comparison import build_comparison_report
 from nlq.studies.design import checked_plan_study, upgraded_study
 from nlq.studies.engine import endpoints, run_dir_of, run_records
 from nlq.studies.plan import reference_of
@@ -43,6 +44,8 @@ from nlq.studies.plan_selection import (
     selection_margins,
     selection_table,
 )
+from nlq.studies.probes import build_probes_report
+from nlq.studies.scaling import build_scaling_report
 from nlq.studies.selection import selection
 from nlq.studies.stats import decide, mean_std
 from nlq.studies.tables import load_summaries, markdown_table, write_result, write_runs_csv
@@ -311,4 +314,6 @@ def arms_table(study_dir: Path, runs: list[dict], s: dict) -> list[str]:
     return [""] + markdown_table(header, rows)
 
 
-FLOWS = {"fixed-lr": one_lr_report, "lr-grid": grid_report}  # a plan's report by its kind (engine.LR_RULES)
+# a plan's report by its kind: a decision's (Design.kind; engine.LR_RULES), then an exploratory plan's (families.py)
+FLOWS = {"fixed-lr": one_lr_report, "lr-grid": grid_report, "comparison": build_comparison_report,
+         "scaling": build_scaling_report, "probes": build_probes_report}

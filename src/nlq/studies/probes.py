@@ -1,8 +1,7 @@
-"""`nlq study probes`: where can a nonlinear query matter? Synthetic recall and algorithmic tasks (data/tasks.py),
-generated on the fly, across widths and difficulty: linear, nonlinear, identity and the +12.5% MLP baseline,
-3 seeds, 2-layer models. The report gives held-out accuracy on the answer positions (and loss) per
-(task, width), paired differences vs linear with 95% intervals, and accuracy against width per arm.
-The tasks, widths and the "solved" threshold are the study's design, written to study.json.
+"""The report of a probe plan ([design] kind = "probes": plans/probes.toml): where can a nonlinear query matter, on
+synthetic recall and algorithmic tasks (data/tasks.py) across widths and difficulty. Held-out accuracy on the answer
+positions (and loss) per (task, width), the first step that reaches the design's threshold, paired differences vs
+the baseline with 95% intervals, accuracy against width per arm; the tasks and threshold read from study.json.
 """
 
 from __future__ import annotations
@@ -12,53 +11,14 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
-from nlq.config import RunConfig, update
 from nlq.fileio import atomic_write
-from nlq.presets import get_preset
 from nlq.runs.metrics import read_metrics
-from nlq.studies.design import IDENTITY, LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study, upgraded_study
+from nlq.studies.design import upgraded_study
 from nlq.studies.plots import plot_probe_accuracy, plot_probe_curves
 from nlq.studies.stats import holm, holm_verdicts, mean_std, median, paired_difference
 from nlq.studies.tables import load_summaries, markdown_table, write_result, write_runs_csv
 
-ARMS = [LINEAR, NONLINEAR, IDENTITY, MLP_4_75]
-# name -> task, keys/values per vocabulary, pairs to hold, example length, widths. Sized on 2 CPU cores
-# (docs/RESULTS.md has the calibration): recall needs a 2-layer induction circuit, which appears after a long
-# plateau, so the recall tasks are small and the runs long enough for the transition; difficulty grows with the
-# pairs to hold.
-TASKS = {
-    "mqar-2": {"task": "mqar", "vocab": 8, "pairs": 2, "block": 16, "widths": [32, 64, 128]},
-    "mqar-4": {"task": "mqar", "vocab": 16, "pairs": 4, "block": 32, "widths": [64]},
-    "lookup-2": {"task": "lookup", "vocab": 16, "pairs": 2, "block": 16, "widths": [64, 128]},
-    "copy-8": {"task": "selective-copy", "vocab": 8, "pairs": 8, "block": 24, "widths": [32, 64]},
-}
-SEEDS = [1, 2, 3]
-THRESHOLD = 0.9  # "solved": held-out accuracy at or above this; the report gives the first step that reaches it
-
-
-def base() -> RunConfig:
-    # lr 1e-3: on 2-pair MQAR at d 64, 3e-3 and 1e-2 stayed on the plateau for 4000-6000 steps, 1e-3 left it
-    # by step 2000 (docs/RESULTS.md). WSD: constant lr, so the step of the transition is not shaped by decay.
-    return update(get_preset("nano"), {
-        "model": {"n_layer": 2, "vocab_size": 64, "block_size": 16},
-        "train": {"batch_size": 32, "max_steps": 3000, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 100,
-                  "schedule": "wsd", "cooldown_fraction": 0.2, "weight_decay": 0.0, "eval_every": 100,
-                  "log_every": 500, "checkpoint_every": 0, "keep_checkpoints": 1},
-        "data": {"eval_windows": 256},
-    })
-
-
-def probe_runs(study: Study) -> list[Run]:
-    runs = []
-    for task_name, spec in study.design["tasks"].items():
-        for width in spec["widths"]:
-            changes = {"model": {"n_embd": width, "n_head": max(1, width // 16), "block_size": spec["block"]},
-                       "data": {"task": spec["task"], "task_vocab": spec["vocab"], "task_pairs": spec["pairs"]}}
-            for seed in study.seeds:
-                for arm in study.arms:
-                    runs.append(Run(study, arm, seed, None, changes, tag=f"{task_name}-d{width}",
-                                    labels={"stage": "probe", "task": task_name, "width": width}))
-    return runs
+THRESHOLD = 0.9  # "solved", for a study.json that recorded no threshold (before nlq 0.3)
 
 
 def held_out_curve(run_dir: Path) -> dict[int, float]:
@@ -71,14 +31,6 @@ def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD, curve: dict[int,
     """The first evaluated step whose held-out accuracy reaches threshold; None if none did."""
     curve = held_out_curve(run_dir) if curve is None else curve
     return next((step for step, acc in sorted(curve.items()) if acc >= threshold), None)
-
-
-def probes(tasks: dict | None = None, seeds: list[int] | None = None) -> Study:
-    study = Study("probes", "mechanism probes: MQAR, lookup recall, selective copy; 4 variants x widths x 3 seeds",
-                  base(), ARMS, seeds=list(seeds or SEEDS), data=DataSpec("task", "none"), report="probes",
-                  design={"tasks": tasks or TASKS, "threshold": THRESHOLD})
-    study.stages = lambda study_dir: iter([probe_runs(study)])
-    return study
 
 
 def build_probes_report(study_dir: Path, study: dict) -> str:

@@ -7,31 +7,22 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.runs.rundir import use_recorded_code
-from nlq.studies import comparison, probes, scaling
 from nlq.studies.design import PLAN_REPORTS, Study
 from nlq.studies.engine import plan_study
 from nlq.studies.plan import is_plan_path, load_plan, shipped_plans
-from nlq.studies.plan_report import build_plan_report
+from nlq.studies.plan_explore import EXPLORE_FIELDS
+from nlq.studies.plan_report import FLOWS, build_plan_report
 from nlq.studies.tables import load_results
 
+# every study is a plan: the shipped plans (nlq/plans/*.toml, `plans/` in a checkout) by their names (`nlq study cpu`)
 STUDIES: dict[str, Callable[[], Study]] = {
-    "cpu": comparison.cpu,
-    "cpu-lr": comparison.cpu_lr,
-    "encoder": comparison.encoder,
-    "kvo": comparison.kvo,
-    "paper": comparison.paper,
-    "scaling": scaling.scaling,
-    "scaling-shared-lr": scaling.scaling_shared_lr,
-    "probes": probes.probes,
-}
-# the shipped plans (nlq/plans/*.toml, `plans/` in a checkout) are studies by their names too: `nlq study verdict`
-STUDIES |= {name: (lambda path=path: plan_study(load_plan(path))) for name, path in shipped_plans().items()}
+    name: (lambda path=path: plan_study(load_plan(path))) for name, path in shipped_plans().items()}
 
-REPORTS: dict[str, Callable[[Path, dict], str]] = {
-    "comparison": comparison.build_comparison_report,
-    "scaling": scaling.build_scaling_report,
-    "probes": probes.build_probes_report,
-} | {name: build_plan_report for name in PLAN_REPORTS}  # every study of a plan file
+# study.json's "report" names the flow (plan_report.FLOWS): a decision's is "plan" ("verdict" and "verdict-lr" before
+# 2026-12-02), whose flow its Design's kind picks; an exploratory plan's is its kind, and so was a study's of code's
+# own before every study was a plan (results/cpu, scaling, probes: the one upgrade path, read as their plans' now).
+REPORTS: dict[str, Callable[[Path, dict], str]] = (
+    {name: build_plan_report for name in PLAN_REPORTS} | {kind: FLOWS[kind] for kind in EXPLORE_FIELDS})
 
 
 def get_study(name: str) -> Study:

@@ -1,17 +1,7 @@
-"""`nlq study scaling`: how the nonlinear query's effect moves with training tokens per parameter and width;
-`nlq study scaling-shared-lr`, its learning-rate control; and their report.
-
-The paper trains 85M non-embedding parameters on ~350 tokens per parameter; the `cpu` study trains 0.8M on
-~1.5. This study fills the axis between: widths d 64 and d 128 at 2 layers each (width is the only thing
-that changes; a 4-layer d 128 would cost 3.5x the CPU time for its 20 tokens per parameter), arms linear,
-nonlinear and linear-mlp4.75 (+12.5% parameters), 3 seeds, on the `pypkg` corpus (Python source of the
-installed packages, 46M train tokens with bpe:2048, so no budget repeats a token).
-
-Stage 1, lr sweep: each (width, arm) at three peak lrs, one seed, a short budget; the lowest val loss
-picks the arm's lr for stage 2 (the report says whether the best lr differs between arms).
-Stage 2, budgets: warmup-stable-decay branches (wsd.py), the last 20% of each budget a 1 - sqrt cooldown.
-The widths, budgets, lrs and seeds are the study's design, written to study.json; the report reads them there.
-"""
+"""The report of a scaling plan ([design] kind = "scaling": plans/scaling.toml, scaling-shared-lr.toml): how the
+nonlinear query's effect moves with training tokens per parameter and width. Its lr sweep (the best lr per width and
+arm, and whether it differs between arms), per width and budget the paired Δ of each arm vs the baseline, the trend
+of Δ with tokens per parameter; the widths, budgets and lrs read from study.json's design."""
 
 from __future__ import annotations
 
@@ -20,120 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from nlq.config import RunConfig, update
-from nlq.fileio import atomic_write, read_json
-from nlq.overrides import merge_changes
-from nlq.presets import get_preset
-from nlq.studies.design import LINEAR, MLP_4_75, NONLINEAR, DataSpec, Run, Study, upgraded_study
+from nlq.fileio import atomic_write
+from nlq.studies.design import upgraded_study
 from nlq.studies.plots import plot_scaling_deltas
 from nlq.studies.selection import lowest
 from nlq.studies.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.tables import interval_text, load_summaries, markdown_table, write_result, write_runs_csv
-from nlq.studies.wsd import budget_steps, wsd_chain
-
-ARMS = [LINEAR, NONLINEAR, MLP_4_75]
-# width -> model shape, budgets in tokens per non-embedding parameter, lrs to sweep, the sweep's budget
-WIDTHS = {
-    "d64": {"shape": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "budgets": [2, 5, 10, 20, 50, 100, 300],
-            "lrs": [2e-3, 4e-3, 8e-3], "sweep_tpp": 10},
-    "d128": {"shape": {"n_layer": 2, "n_head": 4, "n_embd": 128}, "budgets": [2, 5, 10, 20],
-             "lrs": [1e-3, 2e-3, 4e-3], "sweep_tpp": 3},
-}
-SEEDS = [1, 2, 3]
-DATA = DataSpec("pypkg", "bpe:2048")
-
-
-def base() -> RunConfig:
-    config = get_preset("micro")
-    return update(config, {
-        "model": {"vocab_size": 2048, "block_size": 128},
-        "train": {"batch_size": 16, "schedule": "wsd", "cooldown_fraction": 0.2, "warmup_steps": 50,
-                  "weight_decay": 0.1, "log_every": 100, "keep_checkpoints": 1, "checkpoint_every": 0,
-                  "loss_impl": "plain"},  # as when scaling and the verdict ran (train.loss_impl came later)
-        "data": {"eval_windows": 128},  # 16k tokens: bounded eval cost
-    })
-
-
-def sweep_runs(study: Study) -> list[Run]:
-    runs = []
-    for width, spec in study.design["widths"].items():
-        steps = budget_steps(study.base, spec["shape"], spec["sweep_tpp"])
-        changes = merge_changes({"model": dict(spec["shape"])}, {"train": {"max_steps": steps, "eval_every": steps}})
-        for lr in spec["lrs"]:
-            for arm in study.arms:
-                runs.append(Run(study, arm, study.design["sweep_seed"], lr, changes, tag=f"sweep-{width}",
-                                labels={"stage": "lr-sweep", "width": width, "tpp": spec["sweep_tpp"]}))
-    return runs
-
-
-def best_lrs(study_dir: Path, runs: list[Run]) -> dict[tuple[str, str], float]:
-    """(width, variant) -> the swept lr with the lowest final val loss (one seed; selection.lowest)."""
-    losses: dict[tuple[str, str], dict[float, float]] = {}
-    for run in runs:
-        summary = read_json(study_dir / "runs" / run.name / "summary.json", "a run summary")
-        losses.setdefault((run.labels["width"], run.arm.name), {})[run.lr] = summary["val_loss"]
-    return {key: lowest(by_lr) for key, by_lr in losses.items()}
-
-
-def budget_runs(study: Study, study_dir: Path, lrs: dict[tuple[str, str], float],
-                budgets_by_width: dict[str, list[float]]) -> list[Run]:
-    """Per (width, seed, variant) a WSD chain (wsd.py). Budget-major order: every chain reaches a budget before
-    any goes on to the next, so a study cut short has all seeds and arms of its smaller budgets (each chain's
-    runs stay in order)."""
-    chains = []
-    for width, budgets in budgets_by_width.items():
-        shape = study.design["widths"][width]["shape"]
-        for seed in study.seeds:
-            for arm in study.arms:
-                lr = lrs[(width, arm.name)]
-                chains.append(wsd_chain(study, arm, seed, study_dir, width=width, shape=shape, budgets_tpp=budgets,
-                                        lr=lr, min_lr=lr * study.min_lr_ratio))
-    return [run for level in range(max(map(len, chains))) for chain in chains if level < len(chain)
-            for run in chain[level]]
-
-
-def scaling(widths: dict | None = None, seeds: list[int] | None = None) -> Study:
-    widths = widths or WIDTHS
-    study = Study("scaling", "the nonlinear query's effect against tokens per parameter and width (WSD branches)",
-                  base(), ARMS, seeds=list(seeds or SEEDS), data=DATA, report="scaling",
-                  design={"widths": widths, "sweep_seed": 1})
-
-    def stages(study_dir: Path):
-        sweep = sweep_runs(study)
-        yield sweep
-        budgets = {width: spec["budgets"] for width, spec in widths.items()}
-        yield budget_runs(study, study_dir, best_lrs(study_dir, sweep), budgets)
-
-    def planned(study_dir: Path):  # the chains at the first swept lr: a chain's tokens do not depend on its lr
-        sweep = sweep_runs(study)
-        yield sweep
-        stand_in = {(width, arm.name): spec["lrs"][0] for width, spec in widths.items() for arm in study.arms}
-        yield budget_runs(study, study_dir, stand_in, {width: spec["budgets"] for width, spec in widths.items()})
-
-    study.stages, study.planned_stages = stages, planned
-    return study
-
-
-SHARED_LR = 2e-3  # the swept best of linear and linear-mlp4.75 at both widths
-SHARED_LR_BUDGETS = {"d64": [2, 5, 10, 20]}
-
-
-def scaling_shared_lr(widths: dict | None = None, seeds: list[int] | None = None) -> Study:
-    """The lr control for `scaling`: there each variant trains at its own swept lr (d 64: nonlinear 8e-3,
-    linear 2e-3, from one seed), so a trend in Δ with tokens may come from the lr, not the query. Here linear
-    and nonlinear share one peak lr, with the same budgets, seeds, corpus and WSD branches as `scaling`."""
-    widths = widths or {w: dict(WIDTHS[w], budgets=b) for w, b in SHARED_LR_BUDGETS.items()}
-    study = Study("scaling-shared-lr", f"the scaling study's d64 budgets with linear and nonlinear at one peak lr "
-                  f"({SHARED_LR:g}): is the trend the query's or the lr's?", base(), ARMS[:2],
-                  seeds=list(seeds or SEEDS), data=DATA, report="scaling", design={"widths": widths, "lr": SHARED_LR})
-
-    def stages(study_dir: Path):
-        lrs = {(width, v.name): SHARED_LR for width in widths for v in study.arms}
-        yield budget_runs(study, study_dir, lrs, {width: spec["budgets"] for width, spec in widths.items()})
-
-    study.stages = stages
-    return study
-
 
 # ---- the report ------------------------------------------------------------------------------------------
 
