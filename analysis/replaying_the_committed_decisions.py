@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from nlq.studies.sequential import look, nominal_levels, spending_bounds
+from nlq.studies.inference.sequential import look, nominal_levels, spending_bounds
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 ALPHA, SPENDING, MARGIN = 0.05, "obf", 0.037

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from nlq.studies.stats import holm_verdicts
+from nlq.studies.inference.stats import holm_verdicts
 
 ROW = re.compile(r"^\| *([\w.-]+) *\| *(\d+) *\| *([+-]?\d+\.\d+) *\| *\[([+-]?\d+\.\d+), *([+-]?\d+\.\d+)\] *\|")
 

@@ -102,7 +102,7 @@ def test_holm_from_printed_tables_recovers_the_p_values_of_the_intervals(tmp_pat
     """analysis/what_changed_in_the_reports.py: p values recomputed from a table's printed mean and interval match
     the ones computed from the data (to the 4-decimal rounding), the adjustment is Holm's, and a table in a later
     section is not read."""
-    from nlq.studies.stats import holm, paired_difference
+    from nlq.studies.inference.stats import holm, paired_difference
 
     rows = {"a": [0.01, 0.03, 0.02], "b": [0.10, 0.20, 0.15], "c": [-0.2, 0.1, 0.05]}
     tests = {name: paired_difference(d, [0.0] * 3) for name, d in rows.items()}
@@ -165,7 +165,7 @@ def test_reading_the_verdict_agrees_with_the_verdict_report_on_the_committed_run
 def test_reading_verdict_lr_agrees_with_the_committed_runs_and_the_decision():
     """analysis/reading_verdict_lr.py on results/: its end-of-cooldown row is the paired Δ of the test seeds'
     summaries (and, once decided, verdict.json's interval), and its lr rows count the runs of both studies."""
-    from nlq.studies.stats import paired_difference
+    from nlq.studies.inference.stats import paired_difference
 
     results = ROOT / "results"
     if not (results / "verdict-lr" / "study.json").is_file() or not (results / "verdict" / "study.json").is_file():
@@ -217,7 +217,7 @@ def test_reading_gate_lr_agrees_with_the_committed_runs_and_what_results_md_quot
     docs/RESULTS.md quotes its numbers."""
     import statistics
 
-    from nlq.studies.design import read_study
+    from nlq.studies.spec.design import read_study
 
     results = ROOT / "results"
     outcome = json.loads((results / "gate-lr" / "verdict.json").read_text())

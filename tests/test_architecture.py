@@ -107,10 +107,10 @@ def test_imports_point_down_the_readme_layout():
 
 def test_the_layer_check_finds_an_upward_import():
     layers = [["nlq.errors"], ["nlq.config", "nlq.overrides"], ["nlq.studies"]]
-    edges = {"nlq.config": {"nlq.errors", "nlq.overrides"}, "nlq.studies.plan": {"nlq.config"}}
+    edges = {"nlq.config": {"nlq.errors", "nlq.overrides"}, "nlq.studies.spec.plan": {"nlq.config"}}
     assert upward_imports(edges, layers) == []  # down, or along one line
-    edges["nlq.errors"] = {"nlq.studies.plan"}
-    assert upward_imports(edges, layers) == ["nlq.errors imports nlq.studies.plan"]
+    edges["nlq.errors"] = {"nlq.studies.spec.plan"}
+    assert upward_imports(edges, layers) == ["nlq.errors imports nlq.studies.spec.plan"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -155,16 +155,50 @@ def test_study_help_lists_every_registered_study(capsys):
 
 
 def test_reading_a_plan_and_writing_a_report_never_import_the_trainer():
-    """A plan is read, dry-run and reported from its design alone: nlq.studies.plan, the reports and the registry
+    """A plan is read, dry-run and reported from its design alone: nlq.studies.spec.plan, the reports and the registry
     that names them load without nlq.training (its trainer, inputs and distributed setup)."""
     import subprocess
     import sys
 
-    code = ("import sys, nlq.studies.plan, nlq.studies.plan_report, nlq.studies.engine, nlq.studies.registry; "
+    code = ("import sys, nlq.studies.spec.plan, nlq.studies.reports.plan_report, nlq.studies.running.engine, "
+            "nlq.studies.registry; "
             "print(sorted(m for m in sys.modules if m == 'nlq.training' or m.startswith('nlq.training.')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", loaded
-    code = ("import sys, nlq.studies.plan_design, nlq.studies.design; "
+    code = ("import sys, nlq.studies.spec.plan_design, nlq.studies.spec.design; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"the design as data imports {loaded}"  # arms, runs and a plan's design: no torch
+
+
+STUDY_PARTS = ["inference", "spec", "running", "reports", ""]  # nlq.studies' parts, bottom to top ("": its own modules)
+
+
+def study_part(module: str) -> int:
+    rest = module.removeprefix("nlq.studies.").split(".")
+    return STUDY_PARTS.index(rest[0] if len(rest) > 1 else "")
+
+
+def test_the_studies_parts_import_only_down_their_order_and_stay_short():
+    """src/nlq/studies is a package of parts (inference, spec, running, reports; registry and launch on top): a
+    module imports only from its own part or those below, no file is over 400 lines, and every study is a plan file
+    (no Python study definition: the registry holds the shipped plans alone)."""
+    from nlq.studies.registry import STUDIES
+    from nlq.studies.spec.plan import shipped_plans
+
+    edges, _ = graph()
+    inside = {a: {b for b in targets if b.startswith("nlq.studies.")} for a, targets in edges.items()
+              if a.startswith("nlq.studies.")}
+    upward = sorted(f"{a} imports {b}" for a, targets in inside.items() for b in targets
+                    if study_part(b) > study_part(a))
+    assert not upward, upward
+    assert {m.split(".")[2] for m in inside if m.count(".") == 3} == set(STUDY_PARTS) - {""}
+    studies = PACKAGE / "studies"
+    long = [str(f.relative_to(studies)) for f in studies.rglob("*.py") if len(f.read_text().splitlines()) > 400]
+    assert not long, long
+    assert set(STUDIES) == set(shipped_plans())
+
+
+def test_the_studies_part_check_finds_an_upward_import():
+    assert study_part("nlq.studies.spec.design") < study_part("nlq.studies.running.engine")
+    assert study_part("nlq.studies.reports.plan_report") < study_part("nlq.studies.registry")

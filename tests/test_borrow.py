@@ -9,9 +9,9 @@ import pytest
 
 from helpers import fake_training
 from nlq.errors import UserError
-from nlq.studies.plan import SHIPPED
 from nlq.studies.registry import build_report, get_study
-from nlq.studies.study import run_study
+from nlq.studies.running.study import run_study
+from nlq.studies.spec.plan import SHIPPED
 from test_plans import to_toml
 
 COMMIT = "abcdef1234567890abcdef1234567890abcdef12"
@@ -121,9 +121,9 @@ def test_the_gate_plan_borrows_verdict_lrs_qk_norm_arms_as_committed():
     and the borrowed arms' selection gives the lrs verdict-lr selected."""
     from pathlib import Path
 
-    from nlq.studies.borrow import borrowed_records
-    from nlq.studies.engine import endpoints
-    from nlq.studies.selection import selection
+    from nlq.studies.inference.selection import selection
+    from nlq.studies.running.borrow import borrowed_records
+    from nlq.studies.running.engine import endpoints
 
     study = get_study("gate-lr")
     results = Path(__file__).resolve().parent.parent / "results"

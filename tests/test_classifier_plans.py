@@ -8,7 +8,7 @@ import json
 import pytest
 
 from nlq.errors import UserError
-from nlq.studies.plan import read_plan
+from nlq.studies.spec.plan import read_plan
 
 pytest.importorskip("mnist1d")
 
@@ -45,9 +45,9 @@ def test_a_plan_of_labelled_examples_names_its_source_alone():
 
 @pytest.mark.slow
 def test_a_tiny_classifier_plan_prepares_selects_tests_and_reports_accuracy(tmp_path):
-    from nlq.studies.engine import plan_study
     from nlq.studies.registry import build_report
-    from nlq.studies.study import run_study
+    from nlq.studies.running.engine import plan_study
+    from nlq.studies.running.study import run_study
 
     out = tmp_path / "study"
     run_study(plan_study(read_plan(plan())), out, log=lambda *_: None)

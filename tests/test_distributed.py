@@ -128,7 +128,7 @@ def test_a_stuck_rank_makes_the_others_fail_after_dist_timeout(byte_data, tmp_pa
 
 def test_study_runs_each_run_under_torchrun(byte_data, tmp_path):
     from nlq.overrides import apply_overrides
-    from nlq.studies.study import run_study
+    from nlq.studies.running.study import run_study
 
     config = tiny_run_config(byte_data, max_steps=2, batch_size=4, batch_tokens=256, eval_every=2)
     study = two_arm_study(apply_overrides(config, ["--dist.nproc=2"]), "dist", seeds=[1],

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from helpers import one_line_error
-from nlq.studies.design import read_study, upgraded_study
-from nlq.studies.plan import read_plan, shipped_plans
-from nlq.studies.plan_explore import EXPLORE_FIELDS, Exploration
 from nlq.studies.registry import STUDIES, get_study
+from nlq.studies.spec.design import read_study, upgraded_study
+from nlq.studies.spec.plan import read_plan, shipped_plans
+from nlq.studies.spec.plan_explore import EXPLORE_FIELDS, Exploration
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 FAMILIES = ["cpu", "cpu-lr", "encoder", "kvo", "paper", "scaling", "scaling-shared-lr", "probes"]
@@ -102,8 +102,8 @@ def test_an_exploratory_plan_study_is_frozen_and_its_record_checked(tmp_path, mo
     import tomllib
 
     from helpers import fake_training
-    from nlq.studies.engine import plan_study
-    from nlq.studies.study import run_study
+    from nlq.studies.running.engine import plan_study
+    from nlq.studies.running.study import run_study
 
     fake_training(monkeypatch)
     raw = tomllib.loads(shipped_plans()["cpu"].read_text())

@@ -9,9 +9,9 @@ import pytest
 
 from helpers import fake_training, one_line_error
 from nlq.errors import UserError
-from nlq.studies.dry_run import dry_run_text as dry_run
 from nlq.studies.registry import get_study
-from nlq.studies.study import run_study
+from nlq.studies.running.dry_run import dry_run_text as dry_run
+from nlq.studies.running.study import run_study
 from test_plans import plan_text
 
 
@@ -77,7 +77,7 @@ def test_plans_md_lists_exactly_the_overrides_a_frozen_study_allows():
     import re
     from pathlib import Path
 
-    from nlq.studies.frozen import NEUTRAL
+    from nlq.studies.running.frozen import NEUTRAL
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "PLANS.md").read_text()
     listed = re.search(r"\(any field but those that only say where and how a run is watched: (.*?); `studies", text,

@@ -13,8 +13,8 @@ import pytest
 from helpers import fake_training
 from nlq.config import upgraded
 from nlq.errors import UserError
-from nlq.studies.plan import SHIPPED, load_plan, read_plan, shipped_plans
 from nlq.studies.registry import get_study
+from nlq.studies.spec.plan import SHIPPED, load_plan, read_plan, shipped_plans
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "results" / "verdict"
@@ -210,7 +210,7 @@ def test_a_users_tiny_lr_grid_plan_selects_then_tests_and_its_report_shows_both(
 
 
 def test_a_changed_plan_is_refused_against_its_study_directory_naming_the_field(byte_data, tmp_path, monkeypatch):
-    from nlq.studies.study import run_study
+    from nlq.studies.running.study import run_study
 
     fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0, "full_val_loss": 3.0})
     path = plan_text(tmp_path)
@@ -220,7 +220,7 @@ def test_a_changed_plan_is_refused_against_its_study_directory_naming_the_field(
     with pytest.raises(UserError, match=r"design\.margin changed") as error:
         run_study(get_study(str(changed)), tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
     assert "\n" not in str(error.value)
-    from nlq.studies.dry_run import dry_run_text as dry_run
+    from nlq.studies.running.dry_run import dry_run_text as dry_run
 
     with pytest.raises(UserError, match=r"design\.margin changed"):
         dry_run(get_study(str(changed)), tmp_path / "s", data_dir=str(byte_data))
@@ -264,8 +264,8 @@ def test_the_dry_run_says_what_the_test_pairs_buy_at_the_planning_sd(tmp_path, c
     """verdict-lr's 16 pairs were fixed for at least 70% power at a true Δ of 0.02 and sd 0.03; a user's plan that
     declares more power than its pairs give is told how many would."""
     from nlq.cli import main
-    from nlq.studies.plan_costs import power_text
-    from nlq.studies.stats import power_paired_t
+    from nlq.studies.inference.stats import power_paired_t
+    from nlq.studies.running.plan_costs import power_text
 
     line = power_text(get_study("verdict-lr").design)
     assert line.startswith("power: 16 test pairs at the planning sd 0.03 find a true Δ of 0.02 with probability 0.70")
@@ -280,7 +280,7 @@ def test_the_dry_run_says_what_the_test_pairs_buy_at_the_planning_sd(tmp_path, c
 def test_the_dry_run_bounds_every_stage_and_lists_the_weights_each_arm_shares_with_the_baseline():
     """A grid plan's dry run used to count its first stage only ("in all: 24 runs" where 36 ran); it now bounds
     the whole plan, the edge rule's worst case included, and shows which initial weights each arm shares."""
-    from nlq.studies.plan_costs import bounds_text, shared_start_text
+    from nlq.studies.running.plan_costs import bounds_text, shared_start_text
 
     study = get_study("gate-lr")
     bounds = bounds_text(study)
@@ -297,9 +297,9 @@ def test_the_dry_run_bounds_every_stage_and_lists_the_weights_each_arm_shares_wi
 def test_a_plans_reference_words_its_report_and_is_not_part_of_its_hash(tmp_path):
     """[reference] words the outcome (the shipped verdict plans: "no effect of the paper's size"), is checked like
     any field, and leaves the plan's hash alone, so a study frozen before it was added still runs and reports."""
-    from nlq.studies.design import plan_hash
-    from nlq.studies.plan import reference_of
-    from nlq.studies.plan_sections import no_effect
+    from nlq.studies.reports.plan_sections import no_effect
+    from nlq.studies.spec.design import plan_hash
+    from nlq.studies.spec.plan import reference_of
 
     raw = tomllib.loads((SHIPPED / "verdict-lr.toml").read_text())
     assert raw["reference"]["no_effect_words"] == "no effect of the paper's size"
@@ -321,8 +321,8 @@ def test_every_shipped_plans_design_round_trips_through_study_json():
     """A plan's Design is typed and frozen; study.json holds its to_dict(), which reads back as the same Design."""
     import dataclasses
 
-    from nlq.studies.plan_design import check_design
-    from nlq.studies.plan_explore import Exploration
+    from nlq.studies.spec.plan_design import check_design
+    from nlq.studies.spec.plan_explore import Exploration
 
     for name, path in shipped_plans().items():
         design = load_plan(path).design

@@ -163,8 +163,8 @@ def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, 
     """study.json records the file and sha256 of a projection of one's own; a changed file is refused on the next
     start, as a changed plan is; nlq's own projections record nothing."""
     from helpers import fake_training, tiny_run_config
-    from nlq.studies.design import Arm, DataSpec, Study
-    from nlq.studies.study import run_study
+    from nlq.studies.running.study import run_study
+    from nlq.studies.spec.design import Arm, DataSpec, Study
 
     plugins.import_modules([str(plugin)])
     fake_training(monkeypatch)
@@ -179,7 +179,7 @@ def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, 
     plugin.write_text(PLUGIN + "\n# edited after the study started\n")
     with pytest.raises(UserError, match="the code of a study's arm is frozen once it has run"):
         run_study(study, tmp_path / "s", data_dir=str(byte_data), log=lambda *_: None)
-    from nlq.studies.dry_run import dry_run_text
+    from nlq.studies.running.dry_run import dry_run_text
 
     with pytest.raises(UserError, match="the code of a study's arm is frozen once it has run"):  # it said "0 tokens"
         dry_run_text(study, tmp_path / "s", data_dir=str(byte_data))

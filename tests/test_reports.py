@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from nlq.errors import UserError
-from nlq.studies.plan import SHIPPED, load_plan
 from nlq.studies.registry import build_report
+from nlq.studies.spec.plan import SHIPPED, load_plan
 
 SETTINGS = load_plan(SHIPPED / "verdict.toml").design.to_dict()  # the shipped one-lr plan, as study.json holds it
 
@@ -174,7 +174,7 @@ def test_publish_verdict_writes_only_the_marked_blocks_and_no_number_before_ever
 def test_verdict_secondary_family_counts_unfinished_comparisons_as_p_1(tmp_path):
     """Before the identity arm is in, nonlinear at 100 tokens/param is adjusted as one of the 3 declared
     comparisons (the two identity ones at p = 1), not as a family of one."""
-    from nlq.studies.stats import paired_difference
+    from nlq.studies.inference.stats import paired_difference
 
     verdict_study(tmp_path, pairs=6, identity=False)
     markdown = build_report(tmp_path)
@@ -206,7 +206,7 @@ def test_report_collect_copies_the_finished_runs_without_checkpoints_and_reports
 def test_collect_keeps_a_stable_run_back_until_its_chain_has_ended(tmp_path, named):
     """A copy holds no checkpoints: a WSD stable run whose budget branch has not finished is not copied yet (a study
     resumed from the copy would find it finished and its branch without the checkpoint to start from)."""
-    from nlq.studies.collect import collect
+    from nlq.studies.running.collect import collect
 
     study = tmp_path / "study"
     chain = {"variant": "linear", "lr": 2e-3, "width": "d64"}

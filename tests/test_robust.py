@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from nlq.studies.plan_robust import lr_sensitivity
-from nlq.studies.stats import far_above, hodges_lehmann, signed_rank_counts
+from nlq.studies.inference.stats import far_above, hodges_lehmann, signed_rank_counts
+from nlq.studies.reports.plan_robust import lr_sensitivity
 
 
 def test_the_signed_rank_distribution_is_the_enumerated_one():

@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import optimize, stats
 
-from nlq.studies.sequential import classical_bounds, crossing, operating, spending_bounds, spent
+from nlq.studies.inference.sequential import classical_bounds, crossing, operating, spending_bounds, spent
 
 Z975 = stats.norm.ppf(0.975)
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nlq.errors import UserError
-from nlq.studies.plan import load_plan, read_plan
+from nlq.studies.spec.plan import load_plan, read_plan
 from test_plans import plan_text, to_toml
 
 
@@ -39,8 +39,8 @@ def test_a_bad_sequential_field_is_one_line_naming_it(tmp_path, change, needle):
 
 
 def test_the_dry_run_prints_each_looks_bound_and_what_the_design_buys(tmp_path):
-    from nlq.studies.engine import plan_study
-    from nlq.studies.plan_costs import power_text
+    from nlq.studies.running.engine import plan_study
+    from nlq.studies.running.plan_costs import power_text
 
     s = plan_study(load_plan(sequential_plan(tmp_path, [{"name": "linear"}, {"name": "mine"}]))).design
     text = power_text(s)
@@ -94,8 +94,8 @@ def test_the_paper_plans_runs_train_at_a_tiny_shape_on_local_data(byte_data, tmp
     on the byte corpus, on the CPU: what the GPU study would run, shrunk."""
     import tomllib
 
-    from nlq.studies.engine import plan_study
-    from nlq.studies.plan import SHIPPED
+    from nlq.studies.running.engine import plan_study
+    from nlq.studies.spec.plan import SHIPPED
     from nlq.training.trainer import train
 
     raw = tomllib.loads((SHIPPED / "paper-gpt3-small.toml").read_text())

@@ -9,11 +9,11 @@ import time
 import pytest
 
 from helpers import TASK, fake_training, one_line_error, shipped_study, task_study, tiny_run_config, two_arm_study
-from nlq.studies.design import Arm
-from nlq.studies.dry_run import dry_run_text
+from nlq.studies.inference.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_delta
 from nlq.studies.registry import build_report, get_study
-from nlq.studies.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_delta
-from nlq.studies.study import run_study
+from nlq.studies.running.dry_run import dry_run_text
+from nlq.studies.running.study import run_study
+from nlq.studies.spec.design import Arm
 
 TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
         "--model.n_head=2", "--train.max_steps=3", "--train.eval_every=3", "--train.batch_size=4",
@@ -37,7 +37,7 @@ def test_tiny_study_end_to_end(byte_data, tmp_path):
 
 
 def test_same_seed_means_same_batches_across_variants(byte_data, tmp_path):
-    from nlq.studies.design import Run
+    from nlq.studies.spec.design import Run
 
     study = tiny_study(byte_data)
     configs = [Run(study, v, 1, None).config([], byte_data) for v in study.arms]
@@ -46,7 +46,7 @@ def test_same_seed_means_same_batches_across_variants(byte_data, tmp_path):
 
 
 def test_interrupted_study_skips_finished_runs(byte_data, tmp_path, monkeypatch):
-    from nlq.studies import study as study_module
+    from nlq.studies.running import study as study_module
 
     real_train, calls = study_module.train, []
 
@@ -217,7 +217,7 @@ def test_scaling_study_sweeps_then_branches_every_budget(byte_data, tmp_path):
 
 
 def test_tpp_trend_is_the_mean_of_per_seed_slopes_against_log2_tokens():
-    from nlq.studies.scaling import tpp_trends
+    from nlq.studies.reports.scaling import tpp_trends
 
     def row(variant, seed, tpp, loss):
         return {"width": "d8", "arm": variant, "seed": seed, "tpp": tpp, "val_loss": loss}
@@ -250,8 +250,8 @@ def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_pa
 
 
 def test_paired_curve_is_the_per_step_paired_difference():
-    from nlq.studies.plots import paired_curve
-    from nlq.studies.tables import RunResult
+    from nlq.studies.reports.plots import paired_curve
+    from nlq.studies.spec.tables import RunResult
 
     def run(seed, curve):
         return RunResult(f"r{seed}", "v", seed, 1e-3, 10, curve[-1][1], 1.0, 1.0, curve)
@@ -269,8 +269,8 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     the second stage built only after both shards finished the first."""
     import threading
 
-    from nlq.studies.design import Run
-    from nlq.studies.sharding import parse_shard
+    from nlq.studies.running.sharding import parse_shard
+    from nlq.studies.spec.design import Run
 
     trained = fake_training(monkeypatch, summary=lambda *_: time.sleep(0.02) or {})  # both shards get work
     variant = Arm("linear", {"model": {"query": "linear"}})
@@ -304,7 +304,7 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
 @pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "1/0"])
 def test_bad_shard_is_a_clear_error(text):
     from nlq.errors import UserError
-    from nlq.studies.sharding import parse_shard
+    from nlq.studies.running.sharding import parse_shard
 
     with pytest.raises(UserError, match="K/N"):
         parse_shard(text)
@@ -312,7 +312,7 @@ def test_bad_shard_is_a_clear_error(text):
 
 def test_a_shard_waits_while_another_prepares_the_study_data(tmp_path, monkeypatch):
     from nlq.errors import LockHeld
-    from nlq.studies import study as study_module
+    from nlq.studies.running import study as study_module
 
     calls, messages = [], []
 
@@ -367,7 +367,7 @@ def test_more_shards_than_work_is_refused(byte_data, tmp_path, capsys):
 
 
 def test_a_shard_whose_partner_never_starts_or_died_takes_over_its_chains_after_its_own(tmp_path, monkeypatch):
-    from nlq.studies.design import Arm, Run
+    from nlq.studies.spec.design import Arm, Run
 
     LINEAR = Arm("linear", {"model": {"query": "linear"}})
 
@@ -392,11 +392,11 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
     """A chain whose lock, or whose run's lock, another process holds is neither trained nor taken over; the next
     stage starts only once that process has finished it."""
     from nlq.lock import directory_lock
-    from nlq.studies import study as study_module
-    from nlq.studies.design import Arm, Run
+    from nlq.studies.running import study as study_module
+    from nlq.studies.spec.design import Arm, Run
 
     LINEAR = Arm("linear", {"model": {"query": "linear"}})
-    from nlq.studies.sharding import chain_lock
+    from nlq.studies.running.sharding import chain_lock
 
     trained = fake_training(monkeypatch)
     fake = study_module._train_run
@@ -441,8 +441,8 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
 def test_a_study_whose_data_directory_holds_another_dataset_gives_advice_a_study_can_follow(byte_data, tmp_path):
     """The shard logs used to advise --overwrite, which nlq study does not take."""
     from nlq.errors import UserError
-    from nlq.studies.design import DataSpec
-    from nlq.studies.study import prepare_study_data
+    from nlq.studies.running.study import prepare_study_data
+    from nlq.studies.spec.design import DataSpec
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "meta.json").write_text(json.dumps({"source": "other", "tokenizer": "byte"}))

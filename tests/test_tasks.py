@@ -107,7 +107,7 @@ def test_a_tiny_model_learns_mqar_with_few_pairs(tmp_path):
 def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path):
     from helpers import shipped_study
     from nlq.studies.registry import build_report
-    from nlq.studies.study import run_study
+    from nlq.studies.running.study import run_study
 
     tasks = {"mqar-2": {"task": "mqar", "vocab": 8, "pairs": 2, "block": 16, "widths": [16, 32]},
              "lookup-2": {"task": "lookup", "vocab": 16, "pairs": 2, "block": 16, "widths": [16, 32]}}
@@ -121,7 +121,7 @@ def test_probes_study_runs_and_reports_on_a_tiny_grid(tmp_path):
 
 
 def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
-    from nlq.studies.probes import steps_to_solve
+    from nlq.studies.reports.probes import steps_to_solve
 
     rows = [{"step": 0, "val_acc": 0.1}, {"step": 50, "loss": 1.0}, {"step": 100, "val_acc": 0.89},
             {"step": 200, "val_acc": 0.95}, {"step": 300, "val_acc": 0.85}, {"step": 400, "val_acc": 0.99}]
@@ -131,8 +131,8 @@ def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
 
 
 def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
-    from nlq.studies.probes import pooled_cells, pooled_solve_rows
-    from nlq.studies.tables import markdown_table
+    from nlq.studies.reports.probes import pooled_cells, pooled_solve_rows
+    from nlq.studies.spec.tables import markdown_table
 
     def run(variant, seed, width, steps):
         return {"task": "mqar-2", "width": width, "seed": seed, "arm": variant, "steps_to_solve": steps}

@@ -7,12 +7,12 @@ import pytest
 from scipy import stats as scipy_stats
 
 from helpers import fake_training, tiny_run_config
-from nlq.studies import stats
+from nlq.studies.inference import stats
 
 
 def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_identity(byte_data, tmp_path, monkeypatch):
     from nlq.studies.registry import get_study
-    from nlq.studies.study import run_study
+    from nlq.studies.running.study import run_study
 
     calls = fake_training(monkeypatch)
     study = get_study("verdict")
@@ -37,7 +37,7 @@ def test_verdict_plan_pairs_both_variants_on_one_lr_and_schedule_then_runs_ident
                                  14447] and all(v == {"linear", "nonlinear", "identity"} for v in by_budget.values())
     assert all("-stable/checkpoints/step_" in c.train.resume_from for c in branches)
     # a pair's two chains land on different shards of two, and each shard gets both variants
-    from nlq.studies.sharding import shard_indices
+    from nlq.studies.running.sharding import shard_indices
 
     stage = next(study.run_stages(tmp_path))
     shard_one = {stage[i].arm.name + str(stage[i].seed) for i in shard_indices(stage, 1, 2)}

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from helpers import fake_training
-from nlq.studies.design import read_study
-from nlq.studies.plan import SHIPPED, load_plan
-from nlq.studies.plan_selection import paper_protocol_lr
-from nlq.studies.selection import grid_step
+from nlq.studies.inference.selection import grid_step
+from nlq.studies.reports.plan_selection import paper_protocol_lr
+from nlq.studies.spec.design import read_study
+from nlq.studies.spec.plan import SHIPPED, load_plan
 
 SETTINGS = load_plan(SHIPPED / "verdict-lr.toml").design  # as registered and amended
 GRID = SETTINGS.lrs
@@ -73,7 +73,7 @@ def landscape_loss(arm: str, lr: float, seed: int) -> float:
 def finished_study(byte_data, tmp_path, monkeypatch):
     from nlq.errors import Diverged
     from nlq.studies.registry import get_study
-    from nlq.studies.study import run_study
+    from nlq.studies.running.study import run_study
 
     def summary(config, run_dir):
         arm = arm_of(config)
@@ -93,9 +93,9 @@ def arm_of(config) -> str:
 
 def test_verdict_lr_selects_with_the_edge_rule_then_tests_the_primary_arms_first(finished_study, byte_data,
                                                                                  monkeypatch):
-    from nlq.studies import study as study_module
     from nlq.studies.registry import get_study
-    from nlq.studies.study import run_study
+    from nlq.studies.running import study as study_module
+    from nlq.studies.running.study import run_study
 
     study_dir, trained = finished_study
     s = SETTINGS
@@ -211,8 +211,8 @@ def test_the_four_arms_of_a_test_seed_share_batches_and_every_initial_weight_the
     which depend on the seed, data and batch fields only); built with their seed, they share every weight they
     have in common, and the QK-norm gains are the only extra parameters."""
     from nlq.model import Transformer
-    from nlq.studies.engine import chains
     from nlq.studies.registry import get_study
+    from nlq.studies.running.engine import chains
 
     study = get_study("verdict-lr")
     lrs = {"linear": [1e-3], "nonlinear": [8e-3], "linear-qknorm": [2e-3], "nonlinear-qknorm": [1.6e-2]}

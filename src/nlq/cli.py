@@ -182,8 +182,8 @@ def cmd_study(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_report(args: argparse.Namespace, overrides: list[str]) -> None:
-    from nlq.studies.collect import collect
     from nlq.studies.registry import build_report
+    from nlq.studies.running.collect import collect
 
     if overrides:
         raise UserError(f"nlq report takes no config overrides (got {' '.join(overrides)})")
@@ -196,7 +196,7 @@ def cmd_report(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_reproduce(args: argparse.Namespace, overrides: list[str]) -> None:
     from nlq.studies.registry import build_report, get_study
-    from nlq.studies.study import run_study
+    from nlq.studies.running.study import run_study
 
     print(f"nlq reproduce: the `cpu` study into {args.out} (about 30 minutes on 2 CPU cores; "
           f"run it again to continue after an interruption)", flush=True)

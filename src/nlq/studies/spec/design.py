@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.studies.plan_design import Design, check_design
+from nlq.studies.spec.plan_design import Design, check_design
 
 if TYPE_CHECKING:  # this module is data and loads without torch; a run's config is built in Run.config
     from nlq.config import RunConfig
 
 WORDING = "reference"  # a plan's [reference] table: how its report words an outcome, not what the study runs
-SHIPPED = Path(__file__).resolve().parent.parent / "plans"  # the shipped plan files (`plans/` in a checkout)
+SHIPPED = Path(__file__).resolve().parents[2] / "plans"  # the shipped plan files (`plans/` in a checkout)
 
 
 def plan_hash(raw: dict) -> str:

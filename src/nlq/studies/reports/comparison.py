@@ -18,12 +18,18 @@ import numpy as np
 
 from nlq.errors import UserError
 from nlq.fileio import atomic_write
-from nlq.studies.design import (
+from nlq.studies.inference.stats import (
+    equivalent_params,
+    fit_loss_vs_params,
+    holm_verdicts,
+    paired_difference,
+    relative_delta,
+)
+from nlq.studies.reports.plots import plot_loss_vs_params, plot_paired_curves, plot_val_curves
+from nlq.studies.spec.design import (
     upgraded_study,
 )
-from nlq.studies.plots import plot_loss_vs_params, plot_paired_curves, plot_val_curves
-from nlq.studies.stats import equivalent_params, fit_loss_vs_params, holm_verdicts, paired_difference, relative_delta
-from nlq.studies.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
+from nlq.studies.spec.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
 
 # ---- the report ----------------------------------------------------------------------------------
 

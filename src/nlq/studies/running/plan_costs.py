@@ -14,12 +14,12 @@ from scipy import stats
 from nlq.config import update
 from nlq.fileio import read_json
 from nlq.model import Transformer
-from nlq.studies.borrow import borrowed_arms
-from nlq.studies.design import Study
-from nlq.studies.sequential import operating, spending_bounds
-from nlq.studies.stats import pairs_needed, power_equivalence, power_paired_t
-from nlq.studies.tables import duration_text, tokens_text
-from nlq.studies.wsd import chain_tokens, flops_per_token, non_embedding_parameters
+from nlq.studies.inference.sequential import operating, spending_bounds
+from nlq.studies.inference.stats import pairs_needed, power_equivalence, power_paired_t
+from nlq.studies.running.borrow import borrowed_arms
+from nlq.studies.running.wsd import chain_tokens, flops_per_token, non_embedding_parameters
+from nlq.studies.spec.design import Study
+from nlq.studies.spec.tables import duration_text, tokens_text
 
 
 def arms_text(study: Study) -> str:
@@ -161,7 +161,7 @@ def exploration_text(study: Study, study_dir: Path, shards: int = 1) -> str:
     """An exploratory plan's costs (--dry-run): each arm's exact non-embedding parameters at every model shape its
     runs train (against the baseline's), and the whole study, every stage (a later stage's runs at a stand-in lr:
     their tokens do not depend on it): runs, tokens and hours at the pace its finished runs measured here."""
-    from nlq.studies.dry_run import tokens_to_train  # the runner's count of a run's tokens
+    from nlq.studies.running.dry_run import tokens_to_train  # the runner's count of a run's tokens
 
     stages = (study.planned_stages or study.stages or (lambda _: iter([study.runs()])))(study_dir)
     runs = [run for stage in stages for run in stage]

@@ -15,14 +15,12 @@ from pathlib import Path
 
 from nlq.config import RunConfig
 from nlq.fileio import atomic_write, read_json, write_json
-from nlq.studies.comparison import build_comparison_report
-from nlq.studies.design import checked_plan_study, upgraded_study
-from nlq.studies.engine import endpoints, run_dir_of, run_records
-from nlq.studies.plan import reference_of
-from nlq.studies.plan_design import Design
-from nlq.studies.plan_plots import plot_curve, plot_one_lr, plot_test
-from nlq.studies.plan_robust import lr_sensitivity, robust_section
-from nlq.studies.plan_sections import (
+from nlq.studies.inference.selection import selection
+from nlq.studies.inference.stats import decide, mean_std
+from nlq.studies.reports.comparison import build_comparison_report
+from nlq.studies.reports.plan_plots import plot_curve, plot_one_lr, plot_test
+from nlq.studies.reports.plan_robust import lr_sensitivity, robust_section
+from nlq.studies.reports.plan_sections import (
     lost_endpoints,
     lost_lines,
     no_effect,
@@ -35,7 +33,7 @@ from nlq.studies.plan_sections import (
     sequential_end,
     test_seeds,
 )
-from nlq.studies.plan_selection import (
+from nlq.studies.reports.plan_selection import (
     borrowed_text,
     design_text,
     lr_curve,
@@ -44,12 +42,14 @@ from nlq.studies.plan_selection import (
     selection_margins,
     selection_table,
 )
-from nlq.studies.probes import build_probes_report
-from nlq.studies.scaling import build_scaling_report
-from nlq.studies.selection import selection
-from nlq.studies.stats import decide, mean_std
-from nlq.studies.tables import load_summaries, markdown_table, write_result, write_runs_csv
-from nlq.studies.wsd import flops_per_token
+from nlq.studies.reports.probes import build_probes_report
+from nlq.studies.reports.scaling import build_scaling_report
+from nlq.studies.running.engine import endpoints, run_dir_of, run_records
+from nlq.studies.running.wsd import flops_per_token
+from nlq.studies.spec.design import checked_plan_study, upgraded_study
+from nlq.studies.spec.plan import reference_of
+from nlq.studies.spec.plan_design import Design
+from nlq.studies.spec.tables import load_summaries, markdown_table, write_result, write_runs_csv
 
 
 def build_plan_report(study_dir: Path, study: dict) -> str:

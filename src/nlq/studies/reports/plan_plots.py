@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nlq.studies.plan_sections import pairs_of
-from nlq.studies.plots import plt, save_figure
-from nlq.studies.stats import paired_difference
+from nlq.studies.inference.stats import paired_difference
+from nlq.studies.reports.plan_sections import pairs_of
+from nlq.studies.reports.plots import plt, save_figure
 
 
 def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str, name: str) -> None:

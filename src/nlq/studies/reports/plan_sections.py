@@ -9,9 +9,7 @@ from pathlib import Path
 
 from nlq.fileio import read_json
 from nlq.runs.rundir import DIVERGED
-from nlq.studies.engine import run_dir_of
-from nlq.studies.plan import reference_of
-from nlq.studies.stats import (
+from nlq.studies.inference.stats import (
     VERDICTS,
     decide,
     holm,
@@ -21,7 +19,9 @@ from nlq.studies.stats import (
     power_paired_t,
     sd_interval,
 )
-from nlq.studies.tables import interval_text, markdown_table
+from nlq.studies.running.engine import run_dir_of
+from nlq.studies.spec.plan import reference_of
+from nlq.studies.spec.tables import interval_text, markdown_table
 
 
 def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str) -> dict:
