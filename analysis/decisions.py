@@ -23,8 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from nlq.fileio import atomic_write  # noqa: E402
+from nlq.studies.definition.design import read_study  # noqa: E402
 from nlq.studies.reports.plan_sections import reading  # noqa: E402
-from nlq.studies.spec.design import read_study  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = {  # a few words per study; a study not named here is asked its plan's description

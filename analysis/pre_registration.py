@@ -40,9 +40,9 @@ from pathlib import Path
 
 from scipy import stats
 
+from nlq.studies.definition.design import read_study
+from nlq.studies.definition.plan import SHIPPED, load_plan
 from nlq.studies.inference.stats import pairs_needed, power_equivalence, power_paired_t
-from nlq.studies.spec.design import read_study
-from nlq.studies.spec.plan import SHIPPED, load_plan
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 SHARED_LR = RESULTS / "scaling-shared-lr" / "results.csv"

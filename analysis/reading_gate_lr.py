@@ -23,9 +23,9 @@ import numpy as np
 from reading_the_verdict import interval, paired, row
 from scipy import stats
 
+from nlq.studies.definition.design import read_study
+from nlq.studies.definition.tables import load_summaries
 from nlq.studies.running.engine import run_records
-from nlq.studies.spec.design import read_study
-from nlq.studies.spec.tables import load_summaries
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE, GATE = "linear-qknorm", "gate-qknorm"

@@ -20,9 +20,9 @@ import numpy as np
 from scipy import stats
 
 from nlq.runs.metrics import read_metrics
+from nlq.studies.definition.design import read_study
+from nlq.studies.definition.tables import load_summaries
 from nlq.studies.inference.stats import paired_difference
-from nlq.studies.spec.design import read_study
-from nlq.studies.spec.tables import load_summaries
 
 ROOT = Path(__file__).resolve().parent.parent
 

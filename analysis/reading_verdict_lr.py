@@ -26,8 +26,8 @@ from reading_the_verdict import by_seed, gap_over_training, interval, paired, ro
 from scipy import stats
 
 from nlq.runs.metrics import read_metrics
+from nlq.studies.definition.design import read_study
 from nlq.studies.inference.stats import paired_difference
-from nlq.studies.spec.design import read_study
 
 ROOT = Path(__file__).resolve().parent.parent
 TPP = 300

@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from nlq.studies.definition.design import read_study
 from nlq.studies.reports.plan_sections import family_members
-from nlq.studies.spec.design import read_study
 
 
 def endpoints(study_dir: Path, retrained: list[Path]) -> list[dict]:

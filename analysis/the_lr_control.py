@@ -8,10 +8,10 @@ per-seed difference of the two slopes with its 95% t interval.
 
 from pathlib import Path
 
+from nlq.studies.definition.design import read_study
+from nlq.studies.definition.tables import load_summaries
 from nlq.studies.inference.stats import paired_difference
 from nlq.studies.reports.scaling import tpp_trends
-from nlq.studies.spec.design import read_study
-from nlq.studies.spec.tables import load_summaries
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 

@@ -22,11 +22,11 @@ import sys
 from pathlib import Path
 
 from nlq.fileio import atomic_write
+from nlq.studies.definition.design import read_study
+from nlq.studies.definition.plan import reference_of
+from nlq.studies.definition.tables import interval_text
 from nlq.studies.registry import build_report
 from nlq.studies.running.collect import collect
-from nlq.studies.spec.design import read_study
-from nlq.studies.spec.plan import reference_of
-from nlq.studies.spec.tables import interval_text
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,9 +22,9 @@ import torch
 
 from nlq.errors import UserError
 from nlq.fileio import read_json, write_json
+from nlq.studies.definition.plan import read_plan
 from nlq.studies.running.engine import chains, plan_study
 from nlq.studies.running.study import _run_stage
-from nlq.studies.spec.plan import read_plan
 
 TIMINGS = {"tokens_per_s", "record", "mfu", "step_ms", "elapsed_s", "threads"}  # what the machine decides
 

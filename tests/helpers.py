@@ -83,7 +83,7 @@ def fake_training(monkeypatch, summary=None) -> list:
 
 def two_arm_study(config, name="tiny", seeds=(1, 2), description="two arms"):
     """linear and nonlinear on one config, data from the config's data.dir (the byte data in tests)."""
-    from nlq.studies.spec.design import Arm, DataSpec, Study
+    from nlq.studies.definition.design import Arm, DataSpec, Study
 
     return Study(name, description, config, [Arm("linear", {"model": {"query": "linear"}}),
                                             Arm("nonlinear", {"model": {"query": "nonlinear"}})],
@@ -94,8 +94,8 @@ def shipped_study(name, **design):
     """The study of a shipped plan (plans/NAME.toml) with these [design] fields changed, e.g. a tiny grid."""
     import tomllib
 
+    from nlq.studies.definition.plan import read_plan, shipped_plans
     from nlq.studies.running.engine import plan_study
-    from nlq.studies.spec.plan import read_plan, shipped_plans
 
     raw = tomllib.loads(shipped_plans()[name].read_text())
     raw["design"] |= design
@@ -104,7 +104,7 @@ def shipped_study(name, **design):
 
 def task_study(name, variants):
     """A study on a synthetic task (no prepared data), for the tests that give it stages of their own."""
-    from nlq.studies.spec.design import DataSpec, Study
+    from nlq.studies.definition.design import DataSpec, Study
 
     return Study(name, "", shipped_study("probes").base, list(variants), seeds=[1], data=DataSpec("task", "none"))
 

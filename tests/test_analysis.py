@@ -217,7 +217,7 @@ def test_reading_gate_lr_agrees_with_the_committed_runs_and_what_results_md_quot
     docs/RESULTS.md quotes its numbers."""
     import statistics
 
-    from nlq.studies.spec.design import read_study
+    from nlq.studies.definition.design import read_study
 
     results = ROOT / "results"
     outcome = json.loads((results / "gate-lr" / "verdict.json").read_text())

@@ -107,10 +107,10 @@ def test_imports_point_down_the_readme_layout():
 
 def test_the_layer_check_finds_an_upward_import():
     layers = [["nlq.errors"], ["nlq.config", "nlq.overrides"], ["nlq.studies"]]
-    edges = {"nlq.config": {"nlq.errors", "nlq.overrides"}, "nlq.studies.spec.plan": {"nlq.config"}}
+    edges = {"nlq.config": {"nlq.errors", "nlq.overrides"}, "nlq.studies.definition.plan": {"nlq.config"}}
     assert upward_imports(edges, layers) == []  # down, or along one line
-    edges["nlq.errors"] = {"nlq.studies.spec.plan"}
-    assert upward_imports(edges, layers) == ["nlq.errors imports nlq.studies.spec.plan"]
+    edges["nlq.errors"] = {"nlq.studies.definition.plan"}
+    assert upward_imports(edges, layers) == ["nlq.errors imports nlq.studies.definition.plan"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -155,23 +155,23 @@ def test_study_help_lists_every_registered_study(capsys):
 
 
 def test_reading_a_plan_and_writing_a_report_never_import_the_trainer():
-    """A plan is read, dry-run and reported from its design alone: nlq.studies.spec.plan, the reports and the registry
-    that names them load without nlq.training (its trainer, inputs and distributed setup)."""
+    """A plan is read, dry-run and reported from its design alone: nlq.studies.definition.plan, the reports and the
+    registry that names them load without nlq.training (its trainer, inputs and distributed setup)."""
     import subprocess
     import sys
 
-    code = ("import sys, nlq.studies.spec.plan, nlq.studies.reports.plan_report, nlq.studies.running.engine, "
+    code = ("import sys, nlq.studies.definition.plan, nlq.studies.reports.plan_report, nlq.studies.running.engine, "
             "nlq.studies.registry; "
             "print(sorted(m for m in sys.modules if m == 'nlq.training' or m.startswith('nlq.training.')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", loaded
-    code = ("import sys, nlq.studies.spec.plan_design, nlq.studies.spec.design; "
+    code = ("import sys, nlq.studies.definition.plan_design, nlq.studies.definition.design; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"the design as data imports {loaded}"  # arms, runs and a plan's design: no torch
 
 
-STUDY_PARTS = ["inference", "spec", "running", "reports", ""]  # nlq.studies' parts, bottom to top ("": its own modules)
+STUDY_PARTS = ["inference", "definition", "running", "reports", ""]  # nlq.studies' parts, bottom to top ("": its own)
 
 
 def study_part(module: str) -> int:
@@ -183,8 +183,8 @@ def test_the_studies_parts_import_only_down_their_order_and_stay_short():
     """src/nlq/studies is a package of parts (inference, spec, running, reports; registry and launch on top): a
     module imports only from its own part or those below, no file is over 400 lines, and every study is a plan file
     (no Python study definition: the registry holds the shipped plans alone)."""
+    from nlq.studies.definition.plan import shipped_plans
     from nlq.studies.registry import STUDIES
-    from nlq.studies.spec.plan import shipped_plans
 
     edges, _ = graph()
     inside = {a: {b for b in targets if b.startswith("nlq.studies.")} for a, targets in edges.items()
@@ -200,5 +200,5 @@ def test_the_studies_parts_import_only_down_their_order_and_stay_short():
 
 
 def test_the_studies_part_check_finds_an_upward_import():
-    assert study_part("nlq.studies.spec.design") < study_part("nlq.studies.running.engine")
+    assert study_part("nlq.studies.definition.design") < study_part("nlq.studies.running.engine")
     assert study_part("nlq.studies.reports.plan_report") < study_part("nlq.studies.registry")

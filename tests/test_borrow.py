@@ -9,9 +9,9 @@ import pytest
 
 from helpers import fake_training
 from nlq.errors import UserError
+from nlq.studies.definition.plan import SHIPPED
 from nlq.studies.registry import build_report, get_study
 from nlq.studies.running.study import run_study
-from nlq.studies.spec.plan import SHIPPED
 from test_plans import to_toml
 
 COMMIT = "abcdef1234567890abcdef1234567890abcdef12"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from nlq.errors import UserError
-from nlq.studies.spec.plan import read_plan
+from nlq.studies.definition.plan import read_plan
 
 pytest.importorskip("mnist1d")
 

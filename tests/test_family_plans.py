@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from helpers import one_line_error
+from nlq.studies.definition.design import read_study, upgraded_study
+from nlq.studies.definition.plan import read_plan, shipped_plans
+from nlq.studies.definition.plan_explore import EXPLORE_FIELDS, Exploration
 from nlq.studies.registry import STUDIES, get_study
-from nlq.studies.spec.design import read_study, upgraded_study
-from nlq.studies.spec.plan import read_plan, shipped_plans
-from nlq.studies.spec.plan_explore import EXPLORE_FIELDS, Exploration
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 FAMILIES = ["cpu", "cpu-lr", "encoder", "kvo", "paper", "scaling", "scaling-shared-lr", "probes"]

@@ -11,9 +11,9 @@ import pytest
 
 from helpers import fake_training
 from nlq.errors import UserError
+from nlq.studies.definition.plan import SHIPPED, load_plan, read_plan
 from nlq.studies.registry import get_study
 from nlq.studies.running.study import run_study
-from nlq.studies.spec.plan import SHIPPED, load_plan, read_plan
 from test_plans import plan_text
 
 
@@ -175,10 +175,10 @@ def test_study_json_holds_the_design_and_arms_by_their_names_and_older_keys_stil
     """study.json writes "design", "arms" and each run's "arm" (one name per concept); the design read back from it
     is the plan's, and a study.json of the older keys ("settings", "variants", a run's "variant") reads the same
     and reports byte for byte the same."""
+    from nlq.studies.definition.design import read_study
+    from nlq.studies.definition.plan_design import Design, check_design
     from nlq.studies.registry import build_report
     from nlq.studies.reports.plan_report import build_plan_report
-    from nlq.studies.spec.design import read_study
-    from nlq.studies.spec.plan_design import Design, check_design
 
     fake_training(monkeypatch, lambda config, run_dir: {"val_loss": 3.0 + config.train.seed / 100,
                                                         "full_val_loss": 3.0 + config.train.seed / 100})
@@ -296,7 +296,7 @@ def test_an_arm_whose_loss_this_machine_cannot_run_is_refused_before_study_json(
 
 def test_a_tiny_plans_dry_run_gives_its_cost_in_units_that_fit(tmp_path, capsys):
     from nlq.cli import main
-    from nlq.studies.spec.tables import duration_text, tokens_text
+    from nlq.studies.definition.tables import duration_text, tokens_text
 
     main(["study", str(plan_text(tmp_path)), "--out", str(tmp_path / "s"), "--dry-run"])
     out = capsys.readouterr().out

@@ -13,8 +13,8 @@ import pytest
 from helpers import fake_training
 from nlq.config import upgraded
 from nlq.errors import UserError
+from nlq.studies.definition.plan import SHIPPED, load_plan, read_plan, shipped_plans
 from nlq.studies.registry import get_study
-from nlq.studies.spec.plan import SHIPPED, load_plan, read_plan, shipped_plans
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "results" / "verdict"
@@ -297,9 +297,9 @@ def test_the_dry_run_bounds_every_stage_and_lists_the_weights_each_arm_shares_wi
 def test_a_plans_reference_words_its_report_and_is_not_part_of_its_hash(tmp_path):
     """[reference] words the outcome (the shipped verdict plans: "no effect of the paper's size"), is checked like
     any field, and leaves the plan's hash alone, so a study frozen before it was added still runs and reports."""
+    from nlq.studies.definition.design import plan_hash
+    from nlq.studies.definition.plan import reference_of
     from nlq.studies.reports.plan_sections import no_effect
-    from nlq.studies.spec.design import plan_hash
-    from nlq.studies.spec.plan import reference_of
 
     raw = tomllib.loads((SHIPPED / "verdict-lr.toml").read_text())
     assert raw["reference"]["no_effect_words"] == "no effect of the paper's size"
@@ -321,8 +321,8 @@ def test_every_shipped_plans_design_round_trips_through_study_json():
     """A plan's Design is typed and frozen; study.json holds its to_dict(), which reads back as the same Design."""
     import dataclasses
 
-    from nlq.studies.spec.plan_design import check_design
-    from nlq.studies.spec.plan_explore import Exploration
+    from nlq.studies.definition.plan_design import check_design
+    from nlq.studies.definition.plan_explore import Exploration
 
     for name, path in shipped_plans().items():
         design = load_plan(path).design

@@ -163,8 +163,8 @@ def test_a_study_freezes_the_code_of_its_arms_own_projection(plugin, byte_data, 
     """study.json records the file and sha256 of a projection of one's own; a changed file is refused on the next
     start, as a changed plan is; nlq's own projections record nothing."""
     from helpers import fake_training, tiny_run_config
+    from nlq.studies.definition.design import Arm, DataSpec, Study
     from nlq.studies.running.study import run_study
-    from nlq.studies.spec.design import Arm, DataSpec, Study
 
     plugins.import_modules([str(plugin)])
     fake_training(monkeypatch)

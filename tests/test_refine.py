@@ -9,7 +9,7 @@ import pytest
 
 from helpers import fake_training
 from nlq.errors import UserError
-from nlq.studies.spec.plan import load_plan
+from nlq.studies.definition.plan import load_plan
 from test_plans import plan_text, to_toml
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -125,10 +125,10 @@ def test_pins_and_refinement_belong_to_an_lr_grid(tmp_path):
 
 
 def test_a_borrowed_arm_is_refined_only_as_a_reading():
-    from nlq.studies.spec.plan import SHIPPED
+    from nlq.studies.definition.plan import SHIPPED
 
     raw = tomllib.loads((SHIPPED / "qknorm-4e-3.toml").read_text())
-    from nlq.studies.spec.plan import read_plan
+    from nlq.studies.definition.plan import read_plan
     assert read_plan(raw).design.refined_arms == ["linear-qknorm"]
     raw["design"]["refine_selects"] = True
     with pytest.raises(UserError, match="design.refine_selects is true, but linear-qknorm is borrowed"):

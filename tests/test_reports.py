@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from nlq.errors import UserError
+from nlq.studies.definition.plan import SHIPPED, load_plan
 from nlq.studies.registry import build_report
-from nlq.studies.spec.plan import SHIPPED, load_plan
 
 SETTINGS = load_plan(SHIPPED / "verdict.toml").design.to_dict()  # the shipped one-lr plan, as study.json holds it
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nlq.errors import UserError
-from nlq.studies.spec.plan import load_plan, read_plan
+from nlq.studies.definition.plan import load_plan, read_plan
 from test_plans import plan_text, to_toml
 
 
@@ -94,8 +94,8 @@ def test_the_paper_plans_runs_train_at_a_tiny_shape_on_local_data(byte_data, tmp
     on the byte corpus, on the CPU: what the GPU study would run, shrunk."""
     import tomllib
 
+    from nlq.studies.definition.plan import SHIPPED
     from nlq.studies.running.engine import plan_study
-    from nlq.studies.spec.plan import SHIPPED
     from nlq.training.trainer import train
 
     raw = tomllib.loads((SHIPPED / "paper-gpt3-small.toml").read_text())

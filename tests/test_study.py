@@ -9,11 +9,11 @@ import time
 import pytest
 
 from helpers import TASK, fake_training, one_line_error, shipped_study, task_study, tiny_run_config, two_arm_study
+from nlq.studies.definition.design import Arm
 from nlq.studies.inference.stats import equivalent_params, fit_loss_vs_params, paired_difference, relative_delta
 from nlq.studies.registry import build_report, get_study
 from nlq.studies.running.dry_run import dry_run_text
 from nlq.studies.running.study import run_study
-from nlq.studies.spec.design import Arm
 
 TINY = ["--model.vocab_size=257", "--model.block_size=32", "--model.n_layer=1", "--model.n_embd=32",
         "--model.n_head=2", "--train.max_steps=3", "--train.eval_every=3", "--train.batch_size=4",
@@ -37,7 +37,7 @@ def test_tiny_study_end_to_end(byte_data, tmp_path):
 
 
 def test_same_seed_means_same_batches_across_variants(byte_data, tmp_path):
-    from nlq.studies.spec.design import Run
+    from nlq.studies.definition.design import Run
 
     study = tiny_study(byte_data)
     configs = [Run(study, v, 1, None).config([], byte_data) for v in study.arms]
@@ -250,8 +250,8 @@ def test_shared_lr_control_runs_linear_and_nonlinear_at_one_lr(byte_data, tmp_pa
 
 
 def test_paired_curve_is_the_per_step_paired_difference():
+    from nlq.studies.definition.tables import RunResult
     from nlq.studies.reports.plots import paired_curve
-    from nlq.studies.spec.tables import RunResult
 
     def run(seed, curve):
         return RunResult(f"r{seed}", "v", seed, 1e-3, 10, curve[-1][1], 1.0, 1.0, curve)
@@ -269,8 +269,8 @@ def test_shards_split_every_stage_keep_groups_together_and_wait_for_each_other(t
     the second stage built only after both shards finished the first."""
     import threading
 
+    from nlq.studies.definition.design import Run
     from nlq.studies.running.sharding import parse_shard
-    from nlq.studies.spec.design import Run
 
     trained = fake_training(monkeypatch, summary=lambda *_: time.sleep(0.02) or {})  # both shards get work
     variant = Arm("linear", {"model": {"query": "linear"}})
@@ -367,7 +367,7 @@ def test_more_shards_than_work_is_refused(byte_data, tmp_path, capsys):
 
 
 def test_a_shard_whose_partner_never_starts_or_died_takes_over_its_chains_after_its_own(tmp_path, monkeypatch):
-    from nlq.studies.spec.design import Arm, Run
+    from nlq.studies.definition.design import Arm, Run
 
     LINEAR = Arm("linear", {"model": {"query": "linear"}})
 
@@ -392,8 +392,8 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
     """A chain whose lock, or whose run's lock, another process holds is neither trained nor taken over; the next
     stage starts only once that process has finished it."""
     from nlq.lock import directory_lock
+    from nlq.studies.definition.design import Arm, Run
     from nlq.studies.running import study as study_module
-    from nlq.studies.spec.design import Arm, Run
 
     LINEAR = Arm("linear", {"model": {"query": "linear"}})
     from nlq.studies.running.sharding import chain_lock
@@ -441,8 +441,8 @@ def test_a_chain_another_process_holds_is_left_to_it_and_the_stage_waits_for_it(
 def test_a_study_whose_data_directory_holds_another_dataset_gives_advice_a_study_can_follow(byte_data, tmp_path):
     """The shard logs used to advise --overwrite, which nlq study does not take."""
     from nlq.errors import UserError
+    from nlq.studies.definition.design import DataSpec
     from nlq.studies.running.study import prepare_study_data
-    from nlq.studies.spec.design import DataSpec
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "meta.json").write_text(json.dumps({"source": "other", "tokenizer": "byte"}))

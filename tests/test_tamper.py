@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import one_line_error
-from nlq.studies.spec.design import plan_hash, read_study
+from nlq.studies.definition.design import plan_hash, read_study
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -131,8 +131,8 @@ def test_steps_to_solve_is_the_first_eval_at_the_threshold(tmp_path):
 
 
 def test_pooled_solve_counts_pair_each_run_with_linear_of_the_same_cell():
+    from nlq.studies.definition.tables import markdown_table
     from nlq.studies.reports.probes import pooled_cells, pooled_solve_rows
-    from nlq.studies.spec.tables import markdown_table
 
     def run(variant, seed, width, steps):
         return {"task": "mqar-2", "width": width, "seed": seed, "arm": variant, "steps_to_solve": steps}

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from helpers import fake_training
+from nlq.studies.definition.design import read_study
+from nlq.studies.definition.plan import SHIPPED, load_plan
 from nlq.studies.inference.selection import grid_step
 from nlq.studies.reports.plan_selection import paper_protocol_lr
-from nlq.studies.spec.design import read_study
-from nlq.studies.spec.plan import SHIPPED, load_plan
 
 SETTINGS = load_plan(SHIPPED / "verdict-lr.toml").design  # as registered and amended
 GRID = SETTINGS.lrs

@@ -17,12 +17,12 @@ from nlq.errors import UserError
 def study_command(name: str, out: str, data: str | None, overrides: list[str], shard: str | None,
                   shards: int | None, dry_run: bool) -> None:
     """`nlq study NAME|PLAN --out OUT [--data DATA] [--shard K/N|auto | --shards N] [--dry-run] [overrides]`."""
+    from nlq.studies.definition.plan_explore import Exploration
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.running.dry_run import dry_run_text
     from nlq.studies.running.plan_costs import arms_text, bounds_text, exploration_text, power_text, shared_start_text
     from nlq.studies.running.sharding import parse_shard
     from nlq.studies.running.study import run_study
-    from nlq.studies.spec.plan_explore import Exploration
 
     study = get_study(name)
     if shards is not None and shard is not None:

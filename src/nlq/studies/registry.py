@@ -7,12 +7,12 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.runs.rundir import use_recorded_code
+from nlq.studies.definition.design import PLAN_REPORTS, Study
+from nlq.studies.definition.plan import is_plan_path, load_plan, shipped_plans
+from nlq.studies.definition.plan_explore import EXPLORE_FIELDS
+from nlq.studies.definition.tables import load_results
 from nlq.studies.reports.plan_report import FLOWS, build_plan_report
 from nlq.studies.running.engine import plan_study
-from nlq.studies.spec.design import PLAN_REPORTS, Study
-from nlq.studies.spec.plan import is_plan_path, load_plan, shipped_plans
-from nlq.studies.spec.plan_explore import EXPLORE_FIELDS
-from nlq.studies.spec.tables import load_results
 
 # every study is a plan: the shipped plans (nlq/plans/*.toml, `plans/` in a checkout) by their names (`nlq study cpu`)
 STUDIES: dict[str, Callable[[], Study]] = {

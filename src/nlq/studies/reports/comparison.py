@@ -18,6 +18,10 @@ import numpy as np
 
 from nlq.errors import UserError
 from nlq.fileio import atomic_write
+from nlq.studies.definition.design import (
+    upgraded_study,
+)
+from nlq.studies.definition.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
 from nlq.studies.inference.stats import (
     equivalent_params,
     fit_loss_vs_params,
@@ -26,10 +30,6 @@ from nlq.studies.inference.stats import (
     relative_delta,
 )
 from nlq.studies.reports.plots import plot_loss_vs_params, plot_paired_curves, plot_val_curves
-from nlq.studies.spec.design import (
-    upgraded_study,
-)
-from nlq.studies.spec.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
 
 # ---- the report ----------------------------------------------------------------------------------
 

@@ -15,6 +15,10 @@ from pathlib import Path
 
 from nlq.config import RunConfig
 from nlq.fileio import atomic_write, read_json, write_json
+from nlq.studies.definition.design import checked_plan_study, upgraded_study
+from nlq.studies.definition.plan import reference_of
+from nlq.studies.definition.plan_design import Design
+from nlq.studies.definition.tables import load_summaries, markdown_table, write_result, write_runs_csv
 from nlq.studies.inference.selection import selection
 from nlq.studies.inference.stats import decide, mean_std
 from nlq.studies.reports.comparison import build_comparison_report
@@ -46,10 +50,6 @@ from nlq.studies.reports.probes import build_probes_report
 from nlq.studies.reports.scaling import build_scaling_report
 from nlq.studies.running.engine import endpoints, run_dir_of, run_records
 from nlq.studies.running.wsd import flops_per_token
-from nlq.studies.spec.design import checked_plan_study, upgraded_study
-from nlq.studies.spec.plan import reference_of
-from nlq.studies.spec.plan_design import Design
-from nlq.studies.spec.tables import load_summaries, markdown_table, write_result, write_runs_csv
 
 
 def build_plan_report(study_dir: Path, study: dict) -> str:

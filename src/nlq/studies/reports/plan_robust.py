@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
+from nlq.studies.definition.tables import interval_text, markdown_table
 from nlq.studies.inference.stats import equivalence_test, far_above, hodges_lehmann, mean_std, median, paired_difference
 from nlq.studies.reports.plan_sections import family_members, member_diffs
-from nlq.studies.spec.tables import interval_text, markdown_table
 
 MADS = 3.0  # a run is "far above" its arm's median beyond this many scaled MADs (MAD x 1.4826)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from nlq.fileio import read_json
 from nlq.runs.rundir import DIVERGED
+from nlq.studies.definition.plan import reference_of
+from nlq.studies.definition.tables import interval_text, markdown_table
 from nlq.studies.inference.stats import (
     VERDICTS,
     decide,
@@ -20,8 +22,6 @@ from nlq.studies.inference.stats import (
     sd_interval,
 )
 from nlq.studies.running.engine import run_dir_of
-from nlq.studies.spec.plan import reference_of
-from nlq.studies.spec.tables import interval_text, markdown_table
 
 
 def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str) -> dict:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
+from nlq.studies.definition.tables import interval_text, markdown_table
 from nlq.studies.inference.selection import lowest, lr_means
 from nlq.studies.inference.stats import holm, mean_std, paired_difference
 from nlq.studies.reports.plan_sections import no_effect, reading
 from nlq.studies.running.borrow import borrowed_arms
-from nlq.studies.spec.tables import interval_text, markdown_table
 
 
 def borrowed_text(s: dict) -> list[str]:

@@ -13,8 +13,8 @@ matplotlib.use("Agg")  # reports are written on machines without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from nlq.fileio import atomic_write  # noqa: E402
+from nlq.studies.definition.tables import RunResult  # noqa: E402
 from nlq.studies.inference.stats import paired_difference  # noqa: E402
-from nlq.studies.spec.tables import RunResult  # noqa: E402
 
 
 def save_figure(fig, path: Path) -> None:

@@ -13,10 +13,10 @@ from scipy.stats import binomtest
 
 from nlq.fileio import atomic_write
 from nlq.runs.metrics import read_metrics
+from nlq.studies.definition.design import upgraded_study
+from nlq.studies.definition.tables import load_summaries, markdown_table, write_result, write_runs_csv
 from nlq.studies.inference.stats import holm, holm_verdicts, mean_std, median, paired_difference
 from nlq.studies.reports.plots import plot_probe_accuracy, plot_probe_curves
-from nlq.studies.spec.design import upgraded_study
-from nlq.studies.spec.tables import load_summaries, markdown_table, write_result, write_runs_csv
 
 THRESHOLD = 0.9  # "solved", for a study.json that recorded no threshold (before nlq 0.3)
 

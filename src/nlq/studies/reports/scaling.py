@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from nlq.fileio import atomic_write
+from nlq.studies.definition.design import upgraded_study
+from nlq.studies.definition.tables import interval_text, load_summaries, markdown_table, write_result, write_runs_csv
 from nlq.studies.inference.selection import lowest
 from nlq.studies.inference.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.reports.plots import plot_scaling_deltas
-from nlq.studies.spec.design import upgraded_study
-from nlq.studies.spec.tables import interval_text, load_summaries, markdown_table, write_result, write_runs_csv
 
 # ---- the report ------------------------------------------------------------------------------------------
 

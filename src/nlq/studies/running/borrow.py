@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.studies.spec.design import changed_field, read_study, upgraded_study
+from nlq.studies.definition.design import changed_field, read_study, upgraded_study
 
 # what must be equal for runs of another study to pair with this one's: the design of the experiment, not its seeds
 # or its arms

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.studies.spec.design import read_study, upgraded_study
+from nlq.studies.definition.design import read_study, upgraded_study
 
 
 def thin(source: Path, every: int) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from nlq.errors import UserError
+from nlq.studies.definition.design import Run, Study
 from nlq.studies.running import frozen
 from nlq.studies.running.sharding import shard_indices
 from nlq.studies.running.study import steps_to_train
 from nlq.studies.running.wsd import step_tokens
-from nlq.studies.spec.design import Run, Study
 
 
 def dry_run_text(study: Study, study_dir: str | Path, overrides: list[str] | None = None, data_dir: str | None = None,

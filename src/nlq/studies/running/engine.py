@@ -18,14 +18,14 @@ from pathlib import Path
 from nlq.errors import UserError
 from nlq.fileio import read_json, write_json
 from nlq.runs.rundir import DIVERGED
+from nlq.studies.definition.design import Run, Study
+from nlq.studies.definition.plan import Plan
+from nlq.studies.definition.plan_explore import Exploration
 from nlq.studies.inference.selection import grid_step, lowest, lr_means, two_best
 from nlq.studies.inference.sequential import look
 from nlq.studies.running.borrow import borrowed_arms, borrowed_records, check_commit
 from nlq.studies.running.families import family_study
 from nlq.studies.running.wsd import wsd_chain
-from nlq.studies.spec.design import Run, Study
-from nlq.studies.spec.plan import Plan
-from nlq.studies.spec.plan_explore import Exploration
 
 
 def chains(study: Study, study_dir: Path, seeds: list[int], lrs: dict[str, list[float]],

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from nlq.fileio import read_json
 from nlq.overrides import merge_changes
+from nlq.studies.definition.design import Run, Study
+from nlq.studies.definition.plan import Plan
 from nlq.studies.inference.selection import lowest
 from nlq.studies.running.wsd import budget_steps, wsd_chain
-from nlq.studies.spec.design import Run, Study
-from nlq.studies.spec.plan import Plan
 
 
 def family_study(plan: Plan) -> Study:

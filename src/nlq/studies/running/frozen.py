@@ -17,7 +17,7 @@ from nlq.fileio import read_json, write_json
 from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides, parse_overrides
 from nlq.projections import own_sources
-from nlq.studies.spec.design import changed_field, plan_hash
+from nlq.studies.definition.design import changed_field, plan_hash
 from nlq.training.distributed import resolve_device
 from nlq.training.hardware import check_memory
 from nlq.training.trainer import loss_impl

@@ -14,12 +14,12 @@ from scipy import stats
 from nlq.config import update
 from nlq.fileio import read_json
 from nlq.model import Transformer
+from nlq.studies.definition.design import Study
+from nlq.studies.definition.tables import duration_text, tokens_text
 from nlq.studies.inference.sequential import operating, spending_bounds
 from nlq.studies.inference.stats import pairs_needed, power_equivalence, power_paired_t
 from nlq.studies.running.borrow import borrowed_arms
 from nlq.studies.running.wsd import chain_tokens, flops_per_token, non_embedding_parameters
-from nlq.studies.spec.design import Study
-from nlq.studies.spec.tables import duration_text, tokens_text
 
 
 def arms_text(study: Study) -> str:

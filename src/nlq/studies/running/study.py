@@ -23,9 +23,9 @@ from nlq.fileio import read_json, write_json
 from nlq.provenance import code_versions
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.rundir import DIVERGED, run_diverged, run_ended, run_finished, save_config, write_diverged
+from nlq.studies.definition.design import Run, Study, plan_hash
 from nlq.studies.running import frozen
 from nlq.studies.running.sharding import chain_claimed, chain_lock, parse_shard, shard_indices  # noqa: F401 (parse_shard, for callers)
-from nlq.studies.spec.design import Run, Study, plan_hash
 from nlq.training.trainer import train
 
 # ---- running ---------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from nlq.errors import UserError
 from nlq.model import Transformer
 from nlq.overrides import merge_changes
 from nlq.schedule import cooldown_start
-from nlq.studies.spec.design import Arm, Run, Study
+from nlq.studies.definition.design import Arm, Run, Study
 
 
 def non_embedding_parameters(config: RunConfig) -> int:

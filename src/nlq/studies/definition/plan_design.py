@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nlq.errors import UserError
-from nlq.studies.spec.plan_explore import EXPLORE_FIELDS, Exploration, exploration_of
+from nlq.studies.definition.plan_explore import EXPLORE_FIELDS, Exploration, exploration_of
 
 ENDPOINTS = ("full_val_loss", "val_loss")
 COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int, float), "seeds": list,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
-from nlq.studies.spec.plan_design import Design, check_design
+from nlq.studies.definition.plan_design import Design, check_design
 
 if TYPE_CHECKING:  # this module is data and loads without torch; a run's config is built in Run.config
     from nlq.config import RunConfig

@@ -14,8 +14,8 @@ import numpy as np
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.runs.metrics import read_metrics
+from nlq.studies.definition.design import read_study
 from nlq.studies.inference.selection import lowest
-from nlq.studies.spec.design import read_study
 
 
 @dataclass

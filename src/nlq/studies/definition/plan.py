@@ -21,8 +21,8 @@ from nlq.data.labelled import is_labelled
 from nlq.errors import ConfigError, UserError
 from nlq.plugins import import_modules
 from nlq.presets import PRESETS, get_preset
-from nlq.studies.spec.design import SHIPPED, WORDING, Arm, DataSpec, plan_hash
-from nlq.studies.spec.plan_design import Design, borrow_table, design_of
+from nlq.studies.definition.design import SHIPPED, WORDING, Arm, DataSpec, plan_hash
+from nlq.studies.definition.plan_design import Design, borrow_table, design_of
 
 TOP_KEYS = {"name", "description", "imports", "data", "base", "arms", "design", "reference"}
 REFERENCE = {"no_effect_words": "the words of an equivalence shown, e.g. \"no effect of the paper's size\"",
