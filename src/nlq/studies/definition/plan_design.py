@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nlq.errors import UserError
-from nlq.studies.definition.plan_explore import EXPLORE_FIELDS, Exploration, exploration_of
+from nlq.studies.definition.plan_explore import EXPLORE_FIELDS, DesignView, Exploration, exploration_of
 
 ENDPOINTS = ("full_val_loss", "val_loss")
 COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int, float), "seeds": list,
@@ -36,7 +36,7 @@ OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_differe
 
 
 @dataclass(frozen=True, eq=False)
-class Design(Mapping):
+class Design(DesignView):
     """Read by attribute; also a read-only mapping of to_dict() (design["seeds"], "looks" in design), the view that
     study.json, scripts and code written against the design as a dict see."""
 
@@ -111,34 +111,15 @@ class Design(Mapping):
         """The difference the test is powered for: planning_difference, else the margin."""
         return self.planning_difference if self.planning_difference is not None else self.margin
 
-    def to_dict(self) -> dict:
-        """The design as study.json holds it: every field that is not at its default."""
-        out = {}
-        for f in dataclasses.fields(self):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            value = getattr(self, f.name)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING or value != default:
-                out[f.name] = value
-        return out
-
-    def __getitem__(self, key: str):
-        return self.to_dict()[key]
-
-    def __iter__(self):
-        return iter(self.to_dict())
-
-    def __len__(self) -> int:
-        return len(self.to_dict())
-
     def __or__(self, other: Mapping) -> dict:
         return self.to_dict() | dict(other)
 
     def __eq__(self, other) -> bool:  # the same fields; a plain mapping is equal to the dict study.json would hold
         if isinstance(other, Design):
             return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
-        return self.to_dict() == dict(other) if isinstance(other, Mapping) else NotImplemented
+        return DesignView.__eq__(self, other)
 
-    __hash__ = None  # its lists and tables are mutable
+    __hash__ = None
 
 
 def design_of(table: dict, arms: list[str], fail, borrowed: dict | None = None) -> Design | Exploration:

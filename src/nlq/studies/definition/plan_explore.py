@@ -34,28 +34,16 @@ TASK_KEYS = {"task": str, "vocab": int, "pairs": int, "block": int, "widths": li
 TASKS = ("mqar", "lookup", "selective-copy")  # data/tasks.py
 
 
-@dataclass(frozen=True, eq=False)
-class Exploration(Mapping):
-    """An exploratory plan's design; read by attribute or as the mapping study.json holds (design["widths"])."""
-
-    kind: str
-    seeds: list
-    baseline: str
-    lrs: list | None = None  # comparison: each arm at its best of these
-    width_family: list | None = None  # comparison: the wider linear baselines of the parameter equivalence
-    min_lr_ratio: float = 0.1  # a swept run's min lr = ratio x its peak lr
-    widths: dict | None = None  # scaling: name -> {shape, budgets, lrs, sweep_tpp}
-    sweep_seed: int | None = None  # scaling: the seed of the lr sweep (none: every arm at `lr`)
-    lr: float | None = None  # scaling: one peak lr for every arm, no sweep
-    tasks: dict | None = None  # probes: name -> {task, vocab, pairs, block, widths}
-    threshold: float | None = None  # probes: "solved" at this held-out accuracy
+class DesignView(Mapping):
+    """What every plan's design is besides its fields (a decision's Design, an Exploration): read by attribute, and as
+    the read-only mapping of to_dict(), the fields not at their default, which study.json holds."""
 
     def to_dict(self) -> dict:
-        """What study.json holds: the kind and every field that is set (min_lr_ratio when not 0.1)."""
         out = {}
         for f in dataclasses.fields(self):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             value = getattr(self, f.name)
-            if value is not None and not (f.name == "min_lr_ratio" and value == 0.1):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING or value != default:
                 out[f.name] = value
         return out
 
@@ -68,10 +56,27 @@ class Exploration(Mapping):
     def __len__(self) -> int:
         return len(self.to_dict())
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other) -> bool:  # a plain mapping is equal to the dict study.json would hold
         return self.to_dict() == dict(other) if isinstance(other, Mapping) else NotImplemented
 
-    __hash__ = None
+    __hash__ = None  # its lists and tables are mutable
+
+
+@dataclass(frozen=True, eq=False)
+class Exploration(DesignView):
+    """An exploratory plan's design; study.json holds its kind and the fields that are set."""
+
+    kind: str
+    seeds: list
+    baseline: str
+    lrs: list | None = None  # comparison: each arm at its best of these
+    width_family: list | None = None  # comparison: the wider linear baselines of the parameter equivalence
+    min_lr_ratio: float = 0.1  # a swept run's min lr = ratio x its peak lr
+    widths: dict | None = None  # scaling: name -> {shape, budgets, lrs, sweep_tpp}
+    sweep_seed: int | None = None  # scaling: the seed of the lr sweep (none: every arm at `lr`)
+    lr: float | None = None  # scaling: one peak lr for every arm, no sweep
+    tasks: dict | None = None  # probes: name -> {task, vocab, pairs, block, widths}
+    threshold: float | None = None  # probes: "solved" at this held-out accuracy
 
 
 def exploration_of(table: dict, arms: list[str], fail) -> Exploration:
