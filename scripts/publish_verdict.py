@@ -4,7 +4,7 @@ status (or, once every registered pair is in, the decision and its numbers, with
 docs/RESULTS.md and in the README. Every number comes from the report's verdict.json and the study's study.json;
 before all pairs are in, only how many have finished is written.
 
-    python scripts/publish_verdict.py STUDY_DIR [--study verdict|verdict-lr|gate-lr|mnist1d-lr|digits-lr|qknorm-4e-3]
+    python scripts/publish_verdict.py STUDY_DIR [--study verdict|NAME of TITLES]
                                       [--results results/NAME]
                                       [--where "2 CPU cores"] [--when "2026-12-01 02:45 UTC"]
 
@@ -57,7 +57,9 @@ def scope(study: dict) -> str:
 
 TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each arm at its own lr",
           "mnist1d-lr": "MNIST-1D, each arm at its own lr", "digits-lr": "8 x 8 digits, each arm at its own lr",
-          "qknorm-4e-3": "The QK-norm baseline at 4e-3 (a robustness check)"}
+          "qknorm-4e-3": "The QK-norm baseline at 4e-3 (a robustness check)",
+          "digits-controls": "8 x 8 digits with controls, splits drawn per seed",
+          "mnist1d-qknorm": "MNIST-1D, the QK-norm arms"}
 
 
 def decision_text(outcome: dict, paper_claim: str | None = None) -> str:

@@ -124,3 +124,19 @@ def test_an_exploratory_plan_study_is_frozen_and_its_record_checked(tmp_path, mo
     with pytest.raises(ValueError, match=r"design.seeds\[1\] differs from the plan its runs trained under .*"
                                          r"\(seeds is \[1, 3\] here and \[1, 2\] there\)"):
         read_study(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["cpu", "scaling", "probes"])
+def test_a_family_directory_from_before_plans_goes_on_under_the_plan_and_another_is_refused(name, tmp_path, capsys):
+    """A study.json written by the family's Python definition (no plan hash; results/NAME's) describes the same study
+    as the plan, so `nlq study NAME` goes on in that directory; one whose seeds differ is refused in one line."""
+    from nlq.cli import main
+
+    described = json.loads((RESULTS / name / "study.json").read_text())
+    (tmp_path / "same").mkdir()
+    (tmp_path / "same" / "study.json").write_text(json.dumps(described))
+    main(["study", name, "--out", str(tmp_path / "same"), "--dry-run"])
+    assert "whole plan, every stage" in capsys.readouterr().out
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "study.json").write_text(json.dumps(described | {"seeds": [1, 2]}))
+    one_line_error(capsys, ["study", name, "--out", str(tmp_path / "other"), "--dry-run"], "records no plan hash")

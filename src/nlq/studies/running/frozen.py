@@ -17,7 +17,8 @@ from nlq.fileio import read_json, write_json
 from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides, parse_overrides
 from nlq.projections import own_sources
-from nlq.studies.definition.design import changed_field, plan_hash
+from nlq.studies.definition.design import changed_field, plan_hash, upgraded_study
+from nlq.studies.definition.plan_explore import EXPLORE_FIELDS
 from nlq.training.distributed import resolve_device
 from nlq.training.hardware import check_memory
 from nlq.training.trainer import loss_impl
@@ -40,7 +41,7 @@ def check_frozen(name: str, plan: dict | None, study_dir: Path) -> None:
     if earlier.get("name") != name:
         raise UserError(f"{study_dir} holds study {earlier.get('name')!r}, not {name!r}; give each study a directory "
                         f"of its own")
-    if plan is None:
+    if plan is None or "plan_hash" not in earlier and _family_before_plans(upgraded_study(earlier), plan):
         return
     if "plan_hash" not in earlier:
         raise UserError(f"{path} records no plan hash, so it cannot show that its runs ran plan {name}; restore it, or "
@@ -50,6 +51,17 @@ def check_frozen(name: str, plan: dict | None, study_dir: Path) -> None:
     field_name = changed_field(earlier.get("plan") or {}, plan)
     raise UserError(f"{study_dir} ran another version of plan {name}: {field_name} changed; a pre-registered plan "
                     f"is frozen once it has run: put the changed plan in a new study directory")
+
+
+def _family_before_plans(earlier: dict, plan: dict) -> bool:
+    """Whether study.json was written by a family's Python definition before every study was a plan (a `nlq reproduce`
+    directory of then) and describes the same study as this exploratory plan: its arms, seeds and lrs. Such a
+    directory goes on under the plan, which then freezes it."""
+    design = plan.get("design") or {}
+    arms = [(a.get("name"), {k: v for k, v in a.items() if k not in ("name", "note")}) for a in plan.get("arms", [])]
+    return (earlier.get("report") == design.get("kind") in EXPLORE_FIELDS
+            and earlier.get("seeds") == design.get("seeds") and earlier.get("lrs") == design.get("lrs")
+            and [(a.get("name"), a.get("changes")) for a in earlier.get("arms", [])] == arms)
 
 
 def frozen_own_code(study_dir: Path, models: list) -> dict[str, dict]:
