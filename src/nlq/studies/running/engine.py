@@ -7,7 +7,8 @@ chains round-robin each get every arm and a pair ends at about the same time. A 
 `design.min_lr_ratio`) first trains every arm at every grid lr on selection seeds that are never tested, extends
 the grid by the edge rule stage by stage while an arm's best lr sits at an edge, and then trains each arm at its
 selected lr on the test seeds, the primary arms first. An arm borrowed from another committed study (borrow.py) is
-never trained: its selection and test endpoints are that study's. The report of both is plan_report.py.
+never trained: its selection and test endpoints are that study's. The report of both is plan_report.py. An
+exploratory plan (kind = comparison, scaling or probes) is families.py's to run.
 """
 
 from __future__ import annotations
