@@ -302,3 +302,22 @@ def test_spread_across_cpus_compares_the_committed_runs_with_their_retrained_cop
     same_kind = run("spread_across_cpus.py", str(ROOT / "results" / "digits-lr"),
                     str(ROOT / "results" / "digits-lr" / "reuse_check"))
     assert same_kind.count("| +0.0000 |") == 15  # 10 runs and 5 pairs, bitwise on the same CPU kind
+
+
+def test_reading_digits_controls_pairs_the_committed_runs_and_results_md_quotes_it():
+    """analysis/reading_digits_controls.py on results/: its primary loss row is the committed verdict.json's, every
+    pair shares one split (the arms of a seed score the same 360 images), and docs/RESULTS.md quotes its numbers."""
+    results = ROOT / "results"
+    outcome = json.loads((results / "digits-controls" / "verdict.json").read_text())
+    if "decision" not in outcome:
+        pytest.skip("results/digits-controls has no decision yet")
+    out = run("reading_digits_controls.py", "--results", str(results))
+    i = outcome["decision"]["interval"]
+    primary = next(line for line in out.splitlines() if line.startswith("| nonlinear - linear |"))
+    assert f"{i['mean']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]" in primary
+    rows = [line for line in out.splitlines() if " - " in line and line.startswith("| ") and "42 of 42" in line]
+    assert len(rows) == 6, out
+    quoted = RESULTS_MD.read_text()
+    beside = out.split("## Beside")[1]
+    for mean, low, high in re.findall(r"([+-]\d\.\d{4}) \[([+-]\d\.\d{4}), ([+-]\d\.\d{4})\]", beside):
+        assert f"{float(mean):+.3f} [{float(low):+.3f}, {float(high):+.3f}]" in quoted, (mean, low, high)
