@@ -55,14 +55,17 @@ def bounds_text(study: Study, study_dir: Path | None = None, shards: int = 1) ->
             f"({per_chain:,} per chain)")
     if s.mfu is not None:
         text += "\n" + gpu_hours_text(study, per_chain, stages)
+    return text + hours_text(chains * per_chain, study_dir, shards, "at most")
+
+
+def hours_text(tokens: int, study_dir: Path | None, shards: int, bound: str) -> str:
+    """'; hours: ...' for these tokens at the median tokens/s of the study's own finished runs, once there are some."""
     rates = sorted(r for r in _finished_rates(study_dir) if r > 0)
     if not rates:
-        return text + "; hours: estimated once a run of it has finished here (its tokens/s)"
+        return "; hours: estimated once a run of it has finished here (its tokens/s)"
     pace = rates[len(rates) // 2]
-    hours = chains * per_chain / pace / shards / 3600
-    return text + (f"; at the median {pace:,.0f} tokens/s of its {len(rates)} finished runs, at most "
-                   f"{duration_text(hours)} as "
-                   f"{shards} shard{'s' if shards > 1 else ''}")
+    return (f"; at the median {pace:,.0f} tokens/s of its {len(rates)} finished runs, {bound} "
+            f"{duration_text(tokens / pace / shards / 3600)} as {shards} shard{'s' if shards > 1 else ''}")
 
 
 def gpu_hours_text(study: Study, per_chain: int, stages: list[tuple[str, int]]) -> str:
@@ -181,10 +184,4 @@ def exploration_text(study: Study, study_dir: Path, shards: int = 1) -> str:
                          f"{share}")
     tokens = sum(t for _, _, t in counted)
     text = f"whole plan, every stage: {len(runs)} runs, {tokens_text(tokens)} tokens"
-    rates = sorted(r for r in _finished_rates(study_dir) if r > 0)
-    if not rates:
-        return "\n".join(lines + [text + "; hours: estimated once a run of it has finished here (its tokens/s)"])
-    pace = rates[len(rates) // 2]
-    return "\n".join(lines + [text + f"; at the median {pace:,.0f} tokens/s of its {len(rates)} finished runs, about "
-                              f"{duration_text(tokens / pace / shards / 3600)} as {shards} shard"
-                              f"{'s' if shards > 1 else ''}"])
+    return "\n".join(lines + [text + hours_text(tokens, study_dir, shards, "about")])
