@@ -59,7 +59,8 @@ TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each 
           "mnist1d-lr": "MNIST-1D, each arm at its own lr", "digits-lr": "8 x 8 digits, each arm at its own lr",
           "qknorm-4e-3": "The QK-norm baseline at 4e-3 (a robustness check)",
           "digits-controls": "8 x 8 digits with controls, splits drawn per seed",
-          "mnist1d-qknorm": "MNIST-1D, the QK-norm arms"}
+          "mnist1d-qknorm": "MNIST-1D, the QK-norm arms",
+          "diff-lr": "Differential attention, each arm at its own lr"}
 
 
 def decision_text(outcome: dict, paper_claim: str | None = None) -> str:

@@ -321,3 +321,23 @@ def test_reading_digits_controls_pairs_the_committed_runs_and_results_md_quotes_
     beside = out.split("## Beside")[1]
     for mean, low, high in re.findall(r"([+-]\d\.\d{4}) \[([+-]\d\.\d{4}), ([+-]\d\.\d{4})\]", beside):
         assert f"{float(mean):+.3f} [{float(low):+.3f}, {float(high):+.3f}]" in quoted, (mean, low, high)
+
+
+def test_reproducing_the_cpu_study_compares_both_reports_and_results_md_quotes_every_row():
+    """analysis/reproducing_the_cpu_study.py on results/cpu and its fresh-clone reproduction: each arm's and each
+    comparison's row from the two result.json files, the verdicts compared, and docs/RESULTS.md quoting every row."""
+    fresh = sorted((ROOT / "results" / "cpu").glob("fresh-clone-*"))
+    if not fresh:
+        pytest.skip("no reproduction of the cpu study is committed")
+    out = run("reproducing_the_cpu_study.py", str(ROOT / "results" / "cpu"), str(fresh[-1]))
+    committed = json.loads((ROOT / "results" / "cpu" / "result.json").read_text())
+    reproduced = json.loads((fresh[-1] / "result.json").read_text())
+    same = all(p["verdict"] == reproduced["paired"][arm]["verdict"] for arm, p in committed["paired"].items())
+    assert f"every verdict the same: {'yes' if same else 'no'}" in out
+    p = committed["paired"]["nonlinear"]
+    assert f"| nonlinear | {p['mean']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}] | {p['verdict']} |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| arm")
+            and not line.startswith("| variant") and "---" not in line]
+    assert len(rows) == 6 + 5
+    quoted = RESULTS_MD.read_text()
+    assert all(row in quoted for row in rows), [row for row in rows if row not in quoted]

@@ -198,7 +198,7 @@ def cmd_reproduce(args: argparse.Namespace, overrides: list[str]) -> None:
     from nlq.studies.registry import build_report, get_study
     from nlq.studies.running.study import run_study
 
-    print(f"nlq reproduce: the `cpu` study into {args.out} (about 30 minutes on 2 CPU cores; "
+    print(f"nlq reproduce: the `cpu` study into {args.out} (about 17-40 minutes on 2 CPU cores; "
           f"run it again to continue after an interruption)", flush=True)
     run_study(get_study("cpu"), args.out, overrides)
     print(build_report(args.out))
