@@ -11,18 +11,18 @@ from nlq.studies.definition.design import PLAN_REPORTS, Study
 from nlq.studies.definition.plan import is_plan_path, load_plan, shipped_plans
 from nlq.studies.definition.plan_explore import EXPLORE_FIELDS
 from nlq.studies.definition.tables import load_results
-from nlq.studies.reports.plan_report import FLOWS, build_plan_report
+from nlq.studies.reports.plan_report import build_plan_report
 from nlq.studies.running.engine import plan_study
 
 # every study is a plan: the shipped plans (nlq/plans/*.toml, `plans/` in a checkout) by their names (`nlq study cpu`)
 STUDIES: dict[str, Callable[[], Study]] = {
     name: (lambda path=path: plan_study(load_plan(path))) for name, path in shipped_plans().items()}
 
-# study.json's "report" names the flow (plan_report.FLOWS): a decision's is "plan" ("verdict" and "verdict-lr" before
-# 2026-12-02), whose flow its Design's kind picks; an exploratory plan's is its kind, and so was a study's of code's
-# own before every study was a plan (results/cpu, scaling, probes: the one upgrade path, read as their plans' now).
-REPORTS: dict[str, Callable[[Path, dict], str]] = (
-    {name: build_plan_report for name in PLAN_REPORTS} | {kind: FLOWS[kind] for kind in EXPLORE_FIELDS})
+# study.json's "report" names what its report reads (one flow, plan_report.build_plan_report): a decision's is "plan"
+# ("verdict" and "verdict-lr" before 2026-12-02), whose sections its Design's kind picks; an exploratory plan's is its
+# kind, and so was a study's of code's own before every study was a plan (results/cpu, scaling, probes: the one
+# upgrade path, read as their plans' now).
+REPORTS = PLAN_REPORTS + tuple(EXPLORE_FIELDS)
 
 
 def get_study(name: str) -> Study:
@@ -43,4 +43,4 @@ def build_report(study_dir: str | Path) -> str:
     if kind not in REPORTS:
         raise UserError(f"{study_dir / 'study.json'} asks for a report {kind!r} that this nlq does not have "
                         f"({', '.join(REPORTS)})")
-    return REPORTS[kind](study_dir, study)
+    return build_plan_report(study_dir, study)

@@ -76,7 +76,7 @@ class Study:
     # Studies whose later runs depend on earlier results (e.g. the lr an lr sweep picked) run in stages:
     # stages(study_dir) yields lists of runs, and each list is finished before the next is asked for.
     stages: Callable[[Path], Iterator[list[Run]]] | None = None
-    report: str = "comparison"  # which report nlq report writes (registry.REPORTS)
+    report: str = "comparison"  # what its report reads (registry.REPORTS)
     # what its plan fixes (a plan_design.Design), or a study of code's own settings (a dict): study.json holds it
     design: Design | dict = field(default_factory=dict)
     plan: dict | None = None  # the plan file it was read from (studies/plan.py), frozen by its hash in study.json

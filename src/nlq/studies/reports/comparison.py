@@ -18,10 +18,7 @@ import numpy as np
 
 from nlq.errors import UserError
 from nlq.fileio import atomic_write
-from nlq.studies.definition.design import (
-    upgraded_study,
-)
-from nlq.studies.definition.tables import RunResult, best_lr, interval_text, load_results, markdown_table, write_result
+from nlq.studies.definition.tables import RunResult, best_lr, interval_text, load_results, markdown_table
 from nlq.studies.inference.stats import (
     equivalent_params,
     fit_loss_vs_params,
@@ -33,10 +30,9 @@ from nlq.studies.reports.plots import plot_loss_vs_params, plot_paired_curves, p
 
 # ---- the report ----------------------------------------------------------------------------------
 
-def build_comparison_report(study_dir: Path, study: dict) -> str:
-    """Write report.md, result.json (its numbers), results.csv, val_curves.png, loss_vs_params.png and
-    paired_curves.png; return the markdown."""
-    study = upgraded_study(study)  # a study.json of older keys, read by another reader
+def build_comparison_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
+    """The report's lines and numbers (result.json); writes results.csv, val_curves.png, loss_vs_params.png and
+    paired_curves.png."""
     _, results = load_results(study_dir)
     baseline = study["baseline"]
     order = [v["name"] for v in study["arms"]]
@@ -75,19 +71,16 @@ def build_comparison_report(study_dir: Path, study: dict) -> str:
                               for v in family]) if len(family) >= 2 else None
 
     verdicts = dict(zip(paired, holm_verdicts(list(paired.values()))))
-    write_result(study_dir / "result.json", {"study": study["name"], "baseline": baseline, "runs": len(results),
-                                             "lrs": lrs, "arms": rows, "paired": verdicts, "width_family": family,
-                                             "fit": list(fit) if fit else None})
-    markdown = _markdown(study, rows, paired, family, fit, base_params, len(results), baseline, lrs)
     _write_csv(study_dir / "results.csv", results)
     plot_val_curves(study_dir / "val_curves.png", by_arm, study["name"])
     plot_loss_vs_params(study_dir / "loss_vs_params.png", rows, family, fit)
     plot_paired_curves(study_dir / "paired_curves.png", by_arm, baseline, study["name"])
-    atomic_write(study_dir / "report.md", markdown)
-    return markdown
+    return _lines(study, rows, paired, family, fit, base_params, len(results), baseline, lrs), {
+        "study": study["name"], "baseline": baseline, "runs": len(results), "lrs": lrs, "arms": rows,
+        "paired": verdicts, "width_family": family, "fit": list(fit) if fit else None}
 
 
-def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, lrs) -> str:
+def _lines(study, rows, paired, family, fit, base_params, n_runs, baseline, lrs) -> list[str]:
     sweep = study.get("lrs")
     with_acc = all(r["acc"] is not None for r in rows)  # next-token or masked-token accuracy, when logged
     header = ["variant", "lr", "seeds", "non-emb params", "vs base", "val loss (mean ± std)", "ppl", "Δ log-loss",
@@ -129,7 +122,7 @@ def _markdown(study, rows, paired, family, fit, base_params, n_runs, baseline, l
     lines += ["", "Plots: `val_curves.png` (mean over seeds, band = min..max), `loss_vs_params.png` (mean ± std over "
               "seeds), `paired_curves.png` (each variant minus the baseline over training, paired by seed, with its "
               "95% interval band).", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def _write_csv(path: Path, results: list[RunResult]) -> None:

@@ -1,11 +1,12 @@
-"""The report of a pre-registered plan (`nlq report STUDY` on a study of plans/*.toml; engine.py runs it): the
-design in words, for an lr-grid plan the selection (every arm at every lr tried, the lr curve) and its declared
-illustrations, then the pre-registered test once every registered pair has ended (never an endpoint before), the
-declared secondary comparisons Holm-adjusted as one family, the plots, results.csv and result.json (verdict.json
-too). Sign convention everywhere: Δ = variant - baseline in nats (positive = worse), and a percentage beside it is
-Δ / baseline's loss, with the same sign. This module holds the two flows (one lr for every arm, an lr grid); their
-parts are plan_selection.py (the selection), plan_sections.py (the test and its family) and plan_plots.py (the
-plots).
+"""The one report flow of every study (`nlq report STUDY`; every study is a plan): build_plan_report reads the study
+as registered, its kind's sections (FLOWS) give the report's lines and numbers and write results.csv and the plots,
+and write_report writes report.md and result.json (a decision's verdict.json too). A decision's sections are here:
+the design in words, for an lr-grid plan the selection (every arm at every lr tried, the lr curve) and its declared
+illustrations, then the pre-registered test once every registered pair has ended (never an endpoint before) and the
+declared secondary comparisons Holm-adjusted as one family; their parts are plan_selection.py (the selection),
+plan_sections.py (the test and its family) and plan_plots.py (the plots). An exploratory plan's sections are
+comparison.py, scaling.py and probes.py. Sign convention everywhere: Δ = variant - baseline in nats (positive =
+worse), and a percentage beside it is Δ / baseline's loss, with the same sign.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from nlq.config import RunConfig
 from nlq.fileio import atomic_write, read_json, write_json
-from nlq.studies.definition.design import checked_plan_study, upgraded_study
+from nlq.studies.definition.design import PLAN_REPORTS, checked_plan_study, upgraded_study
 from nlq.studies.definition.plan import reference_of
 from nlq.studies.definition.plan_design import Design
 from nlq.studies.definition.tables import load_summaries, markdown_table, write_result, write_runs_csv
@@ -53,22 +54,28 @@ from nlq.studies.running.wsd import flops_per_token
 
 
 def build_plan_report(study_dir: Path, study: dict) -> str:
-    """report.md, results.csv, verdict.json and the plots of a plan's study, from what is on disk; the design is
-    read from study.json (as registered, checked as design.read_study reads it: a Design), so the report tests what
-    was registered even if the plan file changes."""
+    """Every study's report, one flow: the study as registered (a decision's design read from study.json and checked
+    as design.read_study checks it, so the report tests what was registered even if the plan file changes), its kind's
+    sections (FLOWS: each returns its lines and numbers, and writes results.csv and its plots), then report.md and its
+    numbers written in one place (write_report)."""
     study = upgraded_study(study)
-    if not isinstance(study.get("design"), Design):  # a study.json read by another reader than read_study
-        study = checked_plan_study(study, Path(study_dir))
-    return FLOWS[study["design"].kind](study_dir, study)
+    kind = study.get("report", "comparison")
+    if kind in PLAN_REPORTS:
+        if not isinstance(study.get("design"), Design):  # a study.json read by another reader than read_study
+            study = checked_plan_study(study, Path(study_dir))
+        kind = study["design"].kind
+    lines, numbers = FLOWS[kind](study_dir, study)
+    return write_report(study_dir, lines, numbers, decision=kind in ("fixed-lr", "lr-grid"))
 
 
 # ---- a plan with one lr for every arm ---------------------------------------------------------------------------
 
-def one_lr_report(study_dir: Path, study: dict) -> str:
-    """report.md: the pre-registered test and its outcome in the words of the decision rule (only once every
+def one_lr_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
+    """The report's lines: the pre-registered test and its outcome in the words of the decision rule (only once every
     registered pair has finished), then the declared secondary comparisons, Holm-adjusted as one family;
-    results.csv; verdict_deltas.png (per-seed Δ, mean and interval, the equivalence margins); verdict.json (the
-    finished pairs of each arm and, once all are in, the decision: interval, equivalence test, verdict)."""
+    and its numbers (verdict.json: the finished pairs of each arm and, once all are in, the decision: interval,
+    equivalence test, verdict); writes results.csv and verdict_deltas.png (per-seed Δ, mean and interval, the
+    equivalence margins)."""
     s = study["design"]
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "budget"]
     loss = {(r["arm"], r["seed"], r["tpp"]): r for r in runs}
@@ -90,12 +97,12 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
     outcome = {"registered_pairs": len(seeds), "finished_pairs": finished}
     if ended is None:
         lines += [running_text(study_dir, s), ""]
-        return write_outcome(study_dir, lines, outcome)
+        return lines, outcome
     if len(pairs) < len(tested):
         lines += [f"{len(pairs)} of {len(seeds)} pre-registered pairs have finished. The test is computed once all "
                   "have: no endpoint is shown before, so that no one can stop or extend the study on what it "
                   "shows.", ""] + lost_lines(lost_endpoints(study_dir, study["runs"], s), s)
-        return write_outcome(study_dir, lines, outcome)
+        return lines, outcome
     outcome |= decided(study, study_dir, pairs)
     decision = outcome["decision"]
     facts = primary_facts(pairs, s, method, no_effect(study))
@@ -108,7 +115,7 @@ def one_lr_report(study_dir: Path, study: dict) -> str:
               "margins).", ""]
     plot_one_lr(study_dir / "verdict_deltas.png", loss, s, baseline, study["name"])
     write_runs_csv(study_dir / "results.csv", runs, csv_columns(runs))
-    return write_outcome(study_dir, lines, outcome)
+    return lines, outcome
 
 
 def header(study: dict) -> list[str]:
@@ -141,12 +148,14 @@ def running_text(study_dir: Path, s: dict) -> str:
             "Nothing of the test is shown before it ends.")
 
 
-def write_outcome(study_dir: Path, lines: list[str], outcome: dict) -> str:
-    """report.md, and its numbers as result.json, as every report writes them (and as verdict.json, the name the
-    committed plan studies and scripts/publish_verdict.py read)."""
-    markdown = "\n".join(lines + vanished_lines(study_dir, outcome))
-    write_json(study_dir / "verdict.json", outcome)
-    write_result(study_dir / "result.json", outcome)
+def write_report(study_dir: Path, lines: list[str], numbers: dict, decision: bool) -> str:
+    """report.md and its numbers as result.json, as every report writes them; a decision's also as verdict.json (the
+    name the committed plan studies and scripts/publish_verdict.py read), after a line naming any finished run that
+    vanished since its last report."""
+    markdown = "\n".join(lines + (vanished_lines(study_dir, numbers) if decision else []))
+    if decision:
+        write_json(study_dir / "verdict.json", numbers)
+    write_result(study_dir / "result.json", numbers)
     atomic_write(study_dir / "report.md", markdown)
     return markdown
 
@@ -188,9 +197,10 @@ def decided(study: dict, study_dir: Path, pairs: list[tuple]) -> dict:
             "baseline_mean": mean_std([b for _, b, _ in pairs])[0]}
 
 
-def grid_report(study_dir: Path, study: dict) -> str:
-    """report.md, verdict.json (selected lrs, the lr curve, ended pairs and, once in, the decision and the secondary
-    family), results.csv, verdict_lr_curve.png (the selection) and verdict_lr_test.png (the test's Δs)."""
+def grid_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
+    """The report's lines and numbers (verdict.json: selected lrs, the lr curve, ended pairs and, once in, the
+    decision and the secondary family); writes results.csv, verdict_lr_curve.png (the selection) and
+    verdict_lr_test.png (the test's Δs)."""
     s = study["design"]
     arms = s.primary + s.secondary
     baseline, method = s.primary
@@ -212,7 +222,7 @@ def grid_report(study_dir: Path, study: dict) -> str:
                   f"{s.confidence:.0%} interval over the selection seeds; the selected lrs circled)."]
     if any(arm not in chosen for arm in arms):
         lines += ["", "The selection has not ended yet; the test runs after it."]
-        return write_outcome(study_dir, lines, outcome)
+        return lines, outcome
     out = [arm for arm in arms if chosen[arm]["lr"] is None]
     lines += ["", "Selected: " + ", ".join(f"{arm} {chosen[arm]['lr']:g}" + (" (at an edge after every extension)"
                                                                            if chosen[arm]["edge"] else "")
@@ -247,13 +257,13 @@ def grid_report(study_dir: Path, study: dict) -> str:
     lines += ["", "## The test", ""] + looks_text(s)
     if ended is None:
         lines.append(running_text(study_dir, s))
-        return write_outcome(study_dir, lines, outcome)
+        return lines, outcome
     if len(pairs) + len(diverged) < len(seeds):
         lines += [f"{len(pairs) + len(diverged)} of {len(s.seeds)} test pairs have ended. The test is computed once "
                   "all have: no endpoint is shown before."]
         lost = lost_endpoints(study_dir, run_records(study_dir, study), s)
         lines += [""] + lost_lines(lost, s)[:1] if lost else []
-        return write_outcome(study_dir, lines, outcome)
+        return lines, outcome
     outcome |= decided(study, study_dir, pairs) | {"diverged_pairs": diverged}
     decision = outcome["decision"]
     if diverged:
@@ -274,7 +284,7 @@ def grid_report(study_dir: Path, study: dict) -> str:
     lines += ["", "Plot: `verdict_lr_test.png` (each test seed's Δ, the mean with its interval, the equivalence "
               "margins; beside it the secondary comparisons once they are in)."]
     write_runs_csv(study_dir / "results.csv", runs, csv_columns(runs))
-    return write_outcome(study_dir, lines, outcome)
+    return lines, outcome
 
 
 def uniform_loss(study_dir: Path, study: dict) -> float:

@@ -11,10 +11,8 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
-from nlq.fileio import atomic_write
 from nlq.runs.metrics import read_metrics
-from nlq.studies.definition.design import upgraded_study
-from nlq.studies.definition.tables import load_summaries, markdown_table, write_result, write_runs_csv
+from nlq.studies.definition.tables import load_summaries, markdown_table, write_runs_csv
 from nlq.studies.inference.stats import holm, holm_verdicts, mean_std, median, paired_difference
 from nlq.studies.reports.plots import plot_probe_accuracy, plot_probe_curves
 
@@ -33,11 +31,10 @@ def steps_to_solve(run_dir: Path, threshold: float = THRESHOLD, curve: dict[int,
     return next((step for step, acc in sorted(curve.items()) if acc >= threshold), None)
 
 
-def build_probes_report(study_dir: Path, study: dict) -> str:
-    """report.md (per task and width: held-out accuracy, the step each seed first reaches THRESHOLD, paired
-    differences to linear with 95% intervals), result.json (its numbers), results.csv, probes_accuracy.png and
-    probes_curves.png."""
-    study = upgraded_study(study)  # a study.json of older keys, read by another reader
+def build_probes_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
+    """The report's lines (per task and width: held-out accuracy, the step each seed first reaches the threshold,
+    paired differences to linear with 95% intervals) and numbers (result.json); writes results.csv,
+    probes_accuracy.png and probes_curves.png."""
     threshold = (study.get("design") or {}).get("threshold", THRESHOLD)  # studies before nlq 0.3 recorded none
     runs = [r for r in load_summaries(study_dir, study) if r.get("stage") == "probe"]
     for r in runs:
@@ -86,8 +83,6 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
               for row in pooled_solve_rows(scope, [r for r in runs if scope == "all" or r["task"] == scope], arms)]
     lines += markdown_table(["tasks", "variant", "runs solved", "solved, linear not", "linear solved, variant not",
                              "sign test p", "Holm p", "median step reaching it (solved runs)"], pooled_cells(pooled))
-    write_result(study_dir / "result.json", {"study": study["name"], "threshold": threshold, "cells": keys,
-                                             "pooled": pooled})
     tests = sum(r['p'] is not None for r in pooled)
     lines += ["", f"Sign-test p values are Holm-adjusted over the {tests} tests of this "
               "table (one family, though the 'all' rows pool the task rows). The median of an even count is the mean "
@@ -99,9 +94,7 @@ def build_probes_report(study_dir: Path, study: dict) -> str:
     plot_probe_curves(study_dir / "probes_curves.png", runs, arms, threshold)
     write_runs_csv(study_dir / "results.csv", runs,
                    ["name", "task", "width", "arm", "seed", "val_acc", "val_loss", "steps_to_solve"])
-    markdown = "\n".join(lines)
-    atomic_write(study_dir / "report.md", markdown)
-    return markdown
+    return lines, {"study": study["name"], "threshold": threshold, "cells": keys, "pooled": pooled}
 
 
 def _probe_row(task: str, width: int, arm: str, mine: list[dict], base: dict) -> tuple[list, dict | None]:

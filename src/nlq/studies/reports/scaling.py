@@ -10,20 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
-from nlq.fileio import atomic_write
-from nlq.studies.definition.design import upgraded_study
-from nlq.studies.definition.tables import interval_text, load_summaries, markdown_table, write_result, write_runs_csv
+from nlq.studies.definition.tables import interval_text, load_summaries, markdown_table, write_runs_csv
 from nlq.studies.inference.selection import lowest
 from nlq.studies.inference.stats import holm_verdicts, mean_std, paired_difference
 from nlq.studies.reports.plots import plot_scaling_deltas
 
 # ---- the report ------------------------------------------------------------------------------------------
 
-def build_scaling_report(study_dir: Path, study: dict) -> str:
-    """report.md (lr sweep; per width and budget the paired Δ val loss of each variant vs linear), result.json
-    (its numbers), results.csv and scaling_delta.png (Δ against tokens per parameter, a line per width and
+def build_scaling_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
+    """The report's lines (lr sweep; per width and budget the paired Δ val loss of each variant vs linear) and numbers
+    (result.json); writes results.csv and scaling_delta.png (Δ against tokens per parameter, a line per width and
     variant, 95% band)."""
-    study = upgraded_study(study)  # a study.json of older keys, read by another reader
     runs = load_summaries(study_dir, study)
     sweep = [r for r in runs if r["stage"] == "lr-sweep"]
     budgets = [r for r in runs if r["stage"] == "budget"]
@@ -78,20 +75,18 @@ def build_scaling_report(study_dir: Path, study: dict) -> str:
           _p(tested["p_holm"]), words.get(tested["verdict"], tested["verdict"])]
          for ((width, arm), trend), tested in zip(trends.items(), tested_trends)])
     lrs = {(r["width"], r["arm"]): r["lr"] for r in budgets}
-    write_result(study_dir / "result.json", {
+    numbers = {
         "study": study["name"], "baseline": "linear",
         "deltas": [{"width": w, "arm": v, "tpp": tpp, **p} for (w, v, tpp), p in deltas.items()],
         "trends": [{"width": w, "arm": v, **trend, "p_holm": tested["p_holm"], "reading": tested["verdict"]}
                    for ((w, v), trend), tested in zip(trends.items(), tested_trends)],
-        "lrs": [{"width": w, "arm": v, "lr": lr} for (w, v), lr in lrs.items()]})
+        "lrs": [{"width": w, "arm": v, "lr": lr} for (w, v), lr in lrs.items()]}
     lines += ["", "Plot: `scaling_delta.png` (each seed's Δ as a dot; the mean with its 95% interval band, unadjusted, "
               "against tokens per parameter; the legend gives each variant's peak lr and its pairs).", ""]
     plot_scaling_deltas(study_dir / "scaling_delta.png", deltas, lrs, study["name"])
     write_runs_csv(study_dir / "results.csv", runs, ["name", "stage", "width", "tpp", "arm", "lr", "seed", "tokens",
                                                       "non_embedding_parameters", "val_loss"])
-    markdown = "\n".join(lines)
-    atomic_write(study_dir / "report.md", markdown)
-    return markdown
+    return lines, numbers
 
 
 def tpp_trends(budgets: list[dict], arms: list[str], min_points: int = 3) -> dict[tuple[str, str], dict]:
