@@ -77,7 +77,7 @@ class Study:
     # stages(study_dir) yields lists of runs, and each list is finished before the next is asked for.
     stages: Callable[[Path], Iterator[list[Run]]] | None = None
     report: str = "comparison"  # what its report reads (registry.REPORTS)
-    # what its plan fixes (a plan_design.Design), or a study of code's own settings (a dict): study.json holds it
+    # what its plan fixes (a decision's plan_design.Design, an exploratory plan's Exploration): study.json holds it
     design: Design | dict = field(default_factory=dict)
     plan: dict | None = None  # the plan file it was read from (studies/plan.py), frozen by its hash in study.json
     # every stage at once, what a stage learns from the one before (the lr a sweep picks) stood in for: a dry run

@@ -1,10 +1,7 @@
-"""Studies: arms x seeds (x peak learning rates), every run of a seed on the identical batch plan.
-
-A study is code: a function returning a Study (design.py) built from a base config plus per-arm deltas, its
-design as data (Study.design, written to study.json for its report). Each run lives in its own run
-directory under STUDY_DIR/runs; starting a study again skips finished runs and resumes unfinished ones from
-their last checkpoint. N processes can share a study (run_study(shard=(k, n))). The named studies are in
-the family modules beside this one; registry.py names them.
+"""The runner of every study: a plan's Study (design.py; engine.plan_study builds it) stage by stage, every run of a
+seed on the identical batch plan. Each run lives in its own run directory under STUDY_DIR/runs; starting a study again
+skips finished runs and resumes unfinished ones from their last checkpoint. N processes can share a study
+(run_study(shard=(k, n))); frozen.py holds what a started study directory refuses.
 """
 
 from __future__ import annotations
