@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nlq.errors import UserError
+from nlq.studies.definition import plan_explore as checks
 from nlq.studies.definition.plan_explore import EXPLORE_FIELDS, DesignView, Exploration, exploration_of
 
 ENDPOINTS = ("full_val_loss", "val_loss")
@@ -186,32 +187,12 @@ def _checked(design: dict, arms: list[str], fail) -> dict:
 
 
 def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
-    def seeds(key):
-        values = d[key]
-        if len(values) < 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in values)\
-                or len(set(values)) < len(values):
-            fail(f"design.{key}", f"is {values!r}; give at least two distinct non-negative integers")
-
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", d["width"]) or ".." in d["width"]:
-        fail("design.width", f"is {d['width']!r}; it names the runs: give a short label of letters, digits, '.', '_' "
-                             "or '-', such as \"d64\" (no path)")
-    shape = d["shape"]
-    if sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1_000_000 for v in shape.values()):
-        fail("design.shape", f"is {shape!r}; give {{n_layer = L, n_head = H, n_embd = D}} as positive integers")
-    if shape["n_embd"] % shape["n_head"]:
-        fail("design.shape", f"has n_embd = {shape['n_embd']}, not divisible by n_head = {shape['n_head']}; pick "
-                             "n_embd a multiple of n_head")
-    if not d["budgets_tpp"] or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 < b < 1e9
-                                       for b in d["budgets_tpp"]):
-        fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; give positive, finite tokens-per-parameter budgets")
-    ordered = sorted(set(d["budgets_tpp"]))
-    if ordered != d["budgets_tpp"]:
-        fail("design.budgets_tpp", f"is {d['budgets_tpp']!r}; list each budget once, in increasing order (each one "
-                                   f"continues the stable run of the one before), e.g. {ordered!r}")
+    checks.check_label(d["width"], "design.width", fail)
+    checks.check_shape(d["shape"], "design.shape", fail)
+    checks.check_budgets(d["budgets_tpp"], "design.budgets_tpp", fail)
     if d["primary_tpp"] not in d["budgets_tpp"]:
         fail("design.primary_tpp", f"is {d['primary_tpp']!r}, not one of design.budgets_tpp {d['budgets_tpp']!r}")
-    seeds("seeds")
+    checks.check_seeds(d["seeds"], "design.seeds", fail, least=2)
     primary, secondary = d["primary"], d.get("secondary", [])
     if len(primary) != 2 or len(set(primary)) != 2:
         fail("design.primary", f"is {primary!r}; give [baseline, method], two arm names")
@@ -233,13 +214,11 @@ def _check_design(d: dict, arms: list[str], grid: bool, fail) -> None:
     if "planning_power" in d and not 0 < d["planning_power"] < 1:
         fail("design.planning_power", f"is {d['planning_power']!r}; a power lies in (0, 1), e.g. 0.8")
     if grid:
-        seeds("selection_seeds")
+        checks.check_seeds(d["selection_seeds"], "design.selection_seeds", fail, least=2)
         if set(d["selection_seeds"]) & set(d["seeds"]):
             fail("design.selection_seeds",
                  "share seeds with design.seeds; the lr is chosen on seeds that are not tested")
-        positive = all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 10 for x in d["lrs"])
-        if not d["lrs"] or not positive or sorted(set(d["lrs"])) != d["lrs"]:
-            fail("design.lrs", f"is {d['lrs']!r}; give strictly increasing positive peak lrs, each once")
+        checks.check_lrs(d["lrs"], "design.lrs", fail)
         if not 1 < d["edge_factor"] < 100 or not 0 <= d["max_extensions"] <= 10 or not 0 < d["min_lr_ratio"] <= 1:
             fail("design", "needs edge_factor in (1, 100), max_extensions in 0..10 and min_lr_ratio in (0, 1]")
     if grid:
@@ -276,11 +255,8 @@ def _check_refinement(d: dict, arms: list[str], fail) -> None:
         if extra:
             fail(f"design.{extra[0]}", "belongs to the firmer selection; give design.refine_seeds too")
         return
-    values = d["refine_seeds"]
-    if len(values) < 1 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in values) \
-            or len(set(values)) < len(values):
-        fail("design.refine_seeds", f"is {values!r}; give distinct non-negative integers")
-    if set(values) & (set(d["seeds"]) | set(d["selection_seeds"])):
+    checks.check_seeds(d["refine_seeds"], "design.refine_seeds", fail)
+    if set(d["refine_seeds"]) & (set(d["seeds"]) | set(d["selection_seeds"])):
         fail("design.refine_seeds", "share seeds with design.seeds or design.selection_seeds; refinement adds seeds "
                                     "of its own")
     refined = d.get("refine_arms", [a for a in arms if a not in pinned])

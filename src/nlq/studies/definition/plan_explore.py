@@ -102,12 +102,11 @@ def exploration_of(table: dict, arms: list[str], fail) -> Exploration:
 
 
 def _check(d: Exploration, arms: list[str], fail) -> None:
-    if not d.seeds or not all(_count(s, 0) for s in d.seeds) or len(set(d.seeds)) < len(d.seeds):
-        fail("design.seeds", f"is {d.seeds!r}; give distinct non-negative integers")
+    check_seeds(d.seeds, "design.seeds", fail)
     if d.baseline not in arms:
         fail("design.baseline", f"is {d.baseline!r}, which is not an arm ({', '.join(arms)})")
     if d.lrs is not None:
-        _lrs(d.lrs, "design.lrs", fail)
+        check_lrs(d.lrs, "design.lrs", fail)
     for name in d.width_family or []:
         if name not in arms:
             fail("design.width_family", f"names {name!r}, which is not an arm ({', '.join(arms)})")
@@ -117,7 +116,7 @@ def _check(d: Exploration, arms: list[str], fail) -> None:
         if (d.sweep_seed is None) == (d.lr is None):
             fail("design", "needs sweep_seed (each width and arm at the best of the width's lrs on that seed) or lr "
                            "(one peak lr for every arm), one of them")
-        if d.sweep_seed is not None and not _count(d.sweep_seed, 0):
+        if d.sweep_seed is not None and not count(d.sweep_seed, 0):
             fail("design.sweep_seed", f"is {d.sweep_seed!r}; give a non-negative integer")
         if d.lr is not None and not 0 < d.lr < 10:
             fail("design.lr", f"is {d.lr!r}; give a peak lr in (0, 10)")
@@ -130,35 +129,62 @@ def _check(d: Exploration, arms: list[str], fail) -> None:
             fail("design.threshold", f"is {d.threshold!r}; an accuracy in (0, 1]")
 
 
-def _count(value, low: int) -> bool:
+def count(value, low: int) -> bool:
+    """Whether value is an integer (not a bool) of at least low."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def _lrs(values, field: str, fail) -> None:
+# ---- the checks of fields that decisions' designs have too (plan_design.py) ----------------------------------------
+
+def check_seeds(values, field: str, fail, least: int = 1) -> None:
+    if len(values) < least or not all(count(s, 0) for s in values) or len(set(values)) < len(values):
+        fail(field, f"is {values!r}; give {'at least two ' if least == 2 else ''}distinct non-negative integers")
+
+
+def check_lrs(values, field: str, fail) -> None:
     ok = isinstance(values, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 10
                                           for x in values)
     if not values or not ok or sorted(set(values)) != values:
         fail(field, f"is {values!r}; give strictly increasing positive peak lrs, each once")
 
 
+def check_label(value, field: str, fail) -> None:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value) or ".." in value:
+        fail(field, f"is {value!r}; it names the runs: give a short label of letters, digits, '.', '_' or '-', such "
+                    "as \"d64\" (no path)")
+
+
+def check_shape(shape, field: str, fail) -> None:
+    if not isinstance(shape, dict) or sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(
+            count(v, 1) and v <= 1_000_000 for v in shape.values()):
+        fail(field, f"is {shape!r}; give {{n_layer = L, n_head = H, n_embd = D}} as positive integers")
+    if shape["n_embd"] % shape["n_head"]:
+        fail(field, f"has n_embd = {shape['n_embd']}, not divisible by n_head = {shape['n_head']}; pick n_embd a "
+                    "multiple of n_head")
+
+
+def check_budgets(values, field: str, fail) -> None:
+    """Tokens-per-parameter budgets: positive, finite, each once, increasing (each continues the one before's run)."""
+    if not isinstance(values, list) or not values or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 < b < 1e9 for b in values):
+        fail(field, f"is {values!r}; give positive, finite tokens-per-parameter budgets")
+    ordered = sorted(set(values))
+    if ordered != values:
+        fail(field, f"is {values!r}; list each budget once, in increasing order (each one continues the stable run of "
+                    f"the one before), e.g. {ordered!r}")
+
+
 def _width(width: str, spec, sweep: bool, fail) -> None:
     where = f"design.widths.{width}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", width) or ".." in width:
-        fail(where, "is not a short label of letters, digits, '.', '_' or '-' (it names the runs), e.g. d64")
+    check_label(width, where, fail)
     needed = ["shape", "budgets"] + (["lrs", "sweep_tpp"] if sweep else [])
     if not isinstance(spec, dict) or any(k not in spec for k in needed) or set(spec) - set(WIDTH_KEYS):
         fail(where, f"is {spec!r}; give {{ {', '.join(needed)} }}" + (" (lrs and sweep_tpp with a sweep_seed)"
                                                                      if not sweep else ""))
-    shape = spec["shape"]
-    if not isinstance(shape, dict) or sorted(shape) != ["n_embd", "n_head", "n_layer"] or not all(
-            _count(v, 1) for v in shape.values()) or shape["n_embd"] % shape["n_head"]:
-        fail(f"{where}.shape", f"is {shape!r}; give {{ n_layer = L, n_head = H, n_embd = D }}, D a multiple of H")
-    budgets = spec["budgets"]
-    if not isinstance(budgets, list) or not budgets or sorted(set(budgets)) != budgets or not all(
-            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 < b < 1e9 for b in budgets):
-        fail(f"{where}.budgets", f"is {budgets!r}; give increasing tokens-per-parameter budgets, each once")
+    check_shape(spec["shape"], f"{where}.shape", fail)
+    check_budgets(spec["budgets"], f"{where}.budgets", fail)
     if sweep:
-        _lrs(spec["lrs"], f"{where}.lrs", fail)
+        check_lrs(spec["lrs"], f"{where}.lrs", fail)
         tpp = spec["sweep_tpp"]
         if isinstance(tpp, bool) or not isinstance(tpp, (int, float)) or not (0 < tpp < 1e9 and math.isfinite(tpp)):
             fail(f"{where}.sweep_tpp", f"is {tpp!r}; give the sweep's budget in tokens per parameter (> 0)")
@@ -171,9 +197,9 @@ def _task(name: str, spec, fail) -> None:
     if spec["task"] not in TASKS:
         fail(f"{where}.task", f"is {spec['task']!r}; choose {', '.join(TASKS)}")
     for key in ("vocab", "pairs", "block"):
-        if not _count(spec[key], 1):
+        if not count(spec[key], 1):
             fail(f"{where}.{key}", f"is {spec[key]!r}; give a positive integer")
     widths = spec["widths"]
-    if not isinstance(widths, list) or not widths or not all(_count(w, 1) and w % max(1, w // 16) == 0
+    if not isinstance(widths, list) or not widths or not all(count(w, 1) and w % max(1, w // 16) == 0
                                                                for w in widths):
         fail(f"{where}.widths", f"is {widths!r}; give model widths (n_embd) as positive integers")
