@@ -49,7 +49,7 @@ from nlq.studies.reports.plan_selection import (
 )
 from nlq.studies.reports.probes import build_probes_report
 from nlq.studies.reports.scaling import build_scaling_report
-from nlq.studies.running.engine import endpoints, run_dir_of, run_records
+from nlq.studies.running.engine import LR_RULES, endpoints, run_dir_of, run_records
 from nlq.studies.running.wsd import flops_per_token
 
 
@@ -65,7 +65,7 @@ def build_plan_report(study_dir: Path, study: dict) -> str:
             study = checked_plan_study(study, Path(study_dir))
         kind = study["design"].kind
     lines, numbers = FLOWS[kind](study_dir, study)
-    return write_report(study_dir, lines, numbers, decision=kind in ("fixed-lr", "lr-grid"))
+    return write_report(study_dir, lines, numbers, decision=kind in LR_RULES)  # a decision: verdict.json too
 
 
 # ---- a plan with one lr for every arm ---------------------------------------------------------------------------
