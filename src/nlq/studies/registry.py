@@ -7,10 +7,10 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.runs.rundir import use_recorded_code
-from nlq.studies.definition.design import PLAN_REPORTS, Study
+from nlq.studies.definition.design import PLAN_REPORTS, Study, read_study
 from nlq.studies.definition.plan import is_plan_path, load_plan, shipped_plans
 from nlq.studies.definition.plan_explore import EXPLORE_FIELDS
-from nlq.studies.definition.tables import load_results
+from nlq.studies.definition.tables import load_summaries
 from nlq.studies.reports.plan_report import build_plan_report
 from nlq.studies.running.engine import plan_study
 
@@ -37,7 +37,9 @@ def get_study(name: str) -> Study:
 def build_report(study_dir: str | Path) -> str:
     """Write the study's report (report.md, results.csv, plots) from what is on disk; return the markdown."""
     study_dir = Path(study_dir)
-    study, _ = load_results(study_dir)  # one-line errors for a folder that is no study, or one with no finished run
+    study = read_study(study_dir)  # one-line errors for a folder that is no study or holds a damaged record
+    if not load_summaries(study_dir, study):
+        raise UserError(f"{study_dir} has no finished runs yet; run nlq study first")
     use_recorded_code(study.get("projections"), f"study {study_dir}")  # its arms' code of one's own, from its files
     kind = study.get("report", "comparison")
     if kind not in REPORTS:

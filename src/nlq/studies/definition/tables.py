@@ -14,7 +14,6 @@ import numpy as np
 from nlq.errors import UserError
 from nlq.fileio import atomic_write, read_json, write_json
 from nlq.runs.metrics import read_metrics
-from nlq.studies.definition.design import read_study
 from nlq.studies.inference.selection import lowest
 
 
@@ -46,10 +45,9 @@ def read_summary(path: Path) -> dict:
     return summary
 
 
-def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
-    """study.json and each finished run as a RunResult with its val-loss curve (load_summaries, the one reader of
-    a study's runs, then the curve from metrics.jsonl)."""
-    study = read_study(study_dir)
+def load_results(study_dir: Path, study: dict) -> list[RunResult]:
+    """Each finished run of the study as a RunResult with its val-loss curve (load_summaries, the one reader of a
+    study's runs, then the curve from metrics.jsonl)."""
     results = []
     for run in load_summaries(study_dir, study):
         run_dir = Path(run.get("dir") or study_dir / "runs" / run["name"])
@@ -60,7 +58,7 @@ def load_results(study_dir: Path) -> tuple[dict, list[RunResult]]:
                                  run.get("tokens_per_s") or math.nan, curve, run.get("val_acc")))
     if not results:
         raise UserError(f"{study_dir} has no finished runs yet; run nlq study first")
-    return study, results
+    return results
 
 
 def load_summaries(study_dir: Path, study: dict) -> list[dict]:

@@ -33,7 +33,7 @@ from nlq.studies.reports.plots import plot_loss_vs_params, plot_paired_curves, p
 def build_comparison_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
     """The report's lines and numbers (result.json); writes results.csv, val_curves.png, loss_vs_params.png and
     paired_curves.png."""
-    _, results = load_results(study_dir)
+    results = load_results(study_dir, study)
     baseline = study["baseline"]
     order = [v["name"] for v in study["arms"]]
     lrs = best_lr(results)
