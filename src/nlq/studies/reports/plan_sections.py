@@ -172,19 +172,12 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
         ["variant", "tokens/param", "pairs", f"mean Δ vs {baseline}", "95% interval", "p", "Holm p", "reading"],
         [[arm, f"{tpp:g}", p["n"], f"{p['mean']:+.4f}", interval_text(p), f"{p['p']:.3g}", f"{p_holm:.3g}",
           reading(p, p_holm, s)] for (arm, tpp, p), p_holm in zip(rows, adjusted)])
-    fragile = []
-    for index, (arm, tpp, _) in enumerate(rows):
+    members = []
+    for arm, tpp, _ in rows:
         pairs = pairs_of(loss, baseline, arm, s.seeds, tpp, s.endpoint)
-
-        def words_of(d: list[float], index=index) -> str:  # this comparison's reading, the others' p as they are
-            p = paired_difference(d, [0.0] * len(d), s.confidence)
-            others = [r[2]["p"] for r in rows]
-            return reading(p, holm(others[:index] + [p["p"]] + others[index + 1:] + [1.0] * (len(family) - len(rows)))[
-                index], s)
-        fragile += one_pair_lines(one_pair_decides([seed for seed, _, _ in pairs], [v - b for _, b, v in pairs],
-                                                   s.confidence, words_of),
-                                  f"the reading of {arm} at {tpp:g} tokens/param")
-    return lines + ([""] + fragile if fragile else [])
+        members.append((f"the reading of {arm} at {tpp:g} tokens/param", [seed for seed, _, _ in pairs],
+                        [v - b for _, b, v in pairs]))
+    return lines + fragile_readings(members, [p["p"] for _, _, p in rows], len(family) - len(rows), s)
 
 
 def reading(p: dict, p_holm: float, s: dict) -> str:
@@ -231,15 +224,21 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
         [[row["comparison"], row["n"], f"{row['mean']:+.4f}",
           f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a", interval_text(row),
           f"{row['p']:.3g}", f"{row['holm_p']:.3g}", reading(row, row["holm_p"], s)] for row in rows])
-    fragile = []
-    for index, (row, diffs) in enumerate(zip(rows, per_seed)):
-        def words_of(d: list[float], index=index) -> str:  # this member's reading, the others' p as they are
+    members = [(f"the reading of {row['comparison']}", complete, diffs) for row, diffs in zip(rows, per_seed)]
+    return lines + fragile_readings(members, [r["p"] for r in rows], 0, s), rows
+
+
+def fragile_readings(members: list[tuple], p_values: list[float], pending: int, s: dict) -> list[str]:
+    """For each member (what it reads, its seeds, its per-seed Δ) of a Holm family with these p values (and `pending`
+    members not in yet, at p = 1): each pair whose removal alone would change its reading, the others' p as they
+    are (exploratory: found after looking)."""
+    lines = []
+    for index, (label, seeds, diffs) in enumerate(members):
+        def words_of(d: list[float], index=index) -> str:
             p = paired_difference(d, [0.0] * len(d), s.confidence)
-            return reading(p, holm([r["p"] for r in rows[:index]] + [p["p"]] + [r["p"] for r in rows[index + 1:]])[
-                index], s)
-        fragile += one_pair_lines(one_pair_decides(complete, diffs, s.confidence, words_of),
-                                  f"the reading of {row['comparison']}")
-    return lines + ([""] + fragile if fragile else []), rows
+            return reading(p, holm(p_values[:index] + [p["p"]] + p_values[index + 1:] + [1.0] * pending)[index], s)
+        lines += one_pair_lines(one_pair_decides(seeds, diffs, s.confidence, words_of), label)
+    return [""] + lines if lines else []
 
 
 def family_members(s: dict) -> list:
