@@ -319,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", metavar="N", type=int, help="start N shard processes on this machine (each --shard K/N, "
                    "an equal share of the CPU threads, one GPU each when there are GPUs), wait, then write the report")
     p.add_argument("--dry-run", action="store_true", help="print the runs (of this shard), their configs' key fields "
-                   "and the tokens to train, then exit without training")
+                   "and the tokens to train, then the whole plan's costs (each arm's parameters, the chains, tokens "
+                   "and hours of every stage; a decision's power), and exit without training")
     p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("report", help="tables, paired statistics and plots of a study")
