@@ -125,20 +125,39 @@ def _grid_status(outcome: dict, study: dict, when: str, where: str, results: str
                 f"running on {where} (status {when}): selection {ended} of {grid_runs} grid runs ended{chosen}, "
                 f"{test} (`{results}`); no test endpoint is shown before all {outcome['registered_pairs']} primary "
                 f"pairs have ended.")
+    pairs, end = tested_pairs(outcome), outcome["decision"].get("sequential")
     text = (f"**{TITLES.get(name, name)} ({when}, `nlq study {name}` {registered}, "
-            f"{outcome['registered_pairs']} pairs, {where}; {scope(study)}; selected: {lrs}): "
-            f"{outcome['decision']['words']}.** {decision_text(outcome, reference_of(study).get('paper_claim'))}"
+            f"{pairs} pairs, {where}; {scope(study)}; selected: {lrs}): "
+            f"{outcome['decision']['words']}.** {sequential_text(end, s)}"
+            f"{decision_text(outcome, reference_of(study).get('paper_claim'))}"
             f"{one_pair_text(outcome)} `nlq report {results}` regenerates it.")
     if s.secondary and not outcome.get("secondary_family"):
         borrowed = [arm for arm in s.secondary if arm in (s.borrowed or {})]
         running = [arm for arm in s.secondary if arm not in borrowed]
         whose = f" ({', '.join(borrowed)}: borrowed, every test run in)" if borrowed else ""
         text += (f" The secondary arms ({', '.join(running)}) are still running{whose}: "
-                 f"{outcome.get('seeds_with_every_arm', 0)} of {len(s.seeds)} test seeds have every arm's "
+                 f"{outcome.get('seeds_with_every_arm', 0)} of {pairs} test seeds have every arm's "
                  "endpoint; their declared family is computed once all have, and it does not change this decision.")
     elif outcome.get("secondary_family"):
-        text += " " + family_text(outcome["secondary_family"], len(s.seeds))
+        text += " " + family_text(outcome["secondary_family"], pairs)
     return text
+
+
+def tested_pairs(outcome: dict) -> int:
+    """How many pairs the test used: all registered ones, or those up to the look where a sequential test stopped."""
+    return (outcome["decision"].get("sequential") or {}).get("pairs", outcome["registered_pairs"])
+
+
+def sequential_text(end: dict | None, s) -> str:
+    """For a sequential test, where it ended and the repeated interval its words are read off (nothing otherwise)."""
+    if not end:
+        return ""
+    how = {"difference": "stopped for a difference", "equivalence": "stopped for equivalence",
+           "end": "ran to its last look"}[end["action"]]
+    low, high = end["repeated"]
+    return (f"Sequential test ({s.spending} spending, looks after {', '.join(map(str, s.looks))} pairs): {how} at "
+            f"look {end['look']} ({end['pairs']} pairs), repeated {s.confidence:.0%} interval [{low:+.4f}, {high:+.4f}], which the "
+            "words are read off; the interval below ignores the looks. ")
 
 
 def family_text(family: list[dict], seeds: int) -> str:

@@ -235,3 +235,24 @@ def test_the_four_arms_of_a_test_seed_share_batches_and_every_initial_weight_the
             assert shared and all(torch.equal(state[k], other_state[k]) for k in shared), (arm, other)
     extra = set(states["linear-qknorm"]) - set(states["linear"])
     assert extra and all("norm" in k for k in extra)
+
+
+def test_a_status_after_a_sequential_stop_counts_the_pairs_the_test_used_and_gives_its_repeated_interval():
+    """A group-sequential test that stopped at its first look used 8 of 16 registered pairs: the status says 8 pairs
+    (and 8 test seeds for the secondary arms), and gives the repeated interval the words are read off."""
+    import dataclasses
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "results" / "gate-lr"
+    outcome = json.loads((results / "verdict.json").read_text())
+    if "decision" not in outcome:
+        pytest.skip("results/gate-lr has no decision yet")
+    study = read_study(results)
+    study["design"] = dataclasses.replace(study["design"], looks=[8, 16], spending="obf")
+    end = {"action": "difference", "look": 1, "pairs": 8, "repeated": [0.0123, 0.0456]}
+    outcome["decision"] = outcome["decision"] | {"sequential": end}
+    outcome["secondary_family"], outcome["seeds_with_every_arm"] = [], 5
+    status = publish_module().status_text(outcome, study, "now", "here", "results/gate-lr")
+    assert "`nlq study gate-lr` as pre-registered, 8 pairs," in status and "pre-registered, 16 pairs" not in status
+    assert ("stopped for a difference at look 1 (8 pairs), repeated 95% interval [+0.0123, +0.0456]" in status)
+    assert "5 of 8 test seeds have every arm's endpoint" in status
