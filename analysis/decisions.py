@@ -4,8 +4,9 @@ and its declared comparisons, as one table (the README's `<!-- decisions -->` bl
 design.read_study, so an edited record is refused).
 
 Each row: the study, its question, the arms compared with their lrs, the pairs, Δ = first - second (positive: the
-first has the higher loss) with its 95% interval, the words (the registered rule's for a primary test, the Holm
-reading for a declared comparison) and, where the words rest on one pair, which.
+first has the higher loss) with its 95% interval (a sequential test's repeated interval, which its words are read
+off), the words (the registered rule's for a primary test, the Holm reading for a declared comparison) and, where
+the words rest on one pair, which.
 
     python analysis/decisions.py [--results results] [--readme README.md] [--plot docs/decisions.png]
 """
@@ -61,11 +62,14 @@ def decisions(results: Path) -> list[dict]:
         lrs = outcome.get("selected_lrs") or {arm: s.lr for arm in s.primary + s.secondary}
         baseline, method = s.primary
         interval = outcome["decision"]["interval"]
+        end = outcome["decision"].get("sequential")  # a sequential test's words are read off its repeated interval
+        low, high = end["repeated"] if end else (interval["low"], interval["high"])
         pair = (outcome.get("one_pair") or [None])[0]
         rows.append({"study": name, "question": QUESTIONS.get(name, study.get("description", name).split(",")[0]),
                      "kind": "primary", "first": method, "second": baseline, "first_lr": lrs.get(method),
                      "second_lr": lrs.get(baseline), "n": interval["n"], "mean": interval["mean"],
-                     "low": interval["low"], "high": interval["high"], "words": outcome["decision"]["words"],
+                     "low": low, "high": high,
+                     "words": outcome["decision"]["words"] + (" (sequential: the repeated interval)" if end else ""),
                      "one_pair": f"rests on seed {pair['seed']}" if pair else ""})
         for member in outcome.get("secondary_family") or []:
             if member["member"] == "interaction":

@@ -288,6 +288,10 @@ def test_decisions_table_and_forest_plot_come_from_the_committed_results(tmp_pat
         interval = json.loads((ROOT / "results" / name / "result.json").read_text())["decision"]["interval"]
         assert f"| `{name}` |" in text
         assert f"| {interval['mean']:+.4f} | [{interval['low']:+.4f}, {interval['high']:+.4f}] |" in text
+    decision = json.loads((ROOT / "results" / "diff-lr" / "result.json").read_text()).get("decision")
+    if decision:  # a sequential test: the interval its words are read off, said so
+        low, high = decision["sequential"]["repeated"]
+        assert f"| [{low:+.4f}, {high:+.4f}] | {decision['words']} (sequential: the repeated interval) |" in text
     assert "pilot" not in text  # pilots are exploratory, not decisions
     committed = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- decisions -->\n(.*?)\n<!-- /decisions -->", text, re.S).group(1)
