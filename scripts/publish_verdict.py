@@ -26,6 +26,7 @@ from nlq.studies.definition.design import read_study
 from nlq.studies.definition.plan import reference_of
 from nlq.studies.definition.tables import interval_text
 from nlq.studies.registry import build_report
+from nlq.studies.reports.plan_sections import SEQUENTIAL_ENDS
 from nlq.studies.running.collect import collect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,12 +153,11 @@ def sequential_text(end: dict | None, s) -> str:
     """For a sequential test, where it ended and the repeated interval its words are read off (nothing otherwise)."""
     if not end:
         return ""
-    how = {"difference": "stopped for a difference", "equivalence": "stopped for equivalence",
-           "end": "ran to its last look"}[end["action"]]
     low, high = end["repeated"]
-    return (f"Sequential test ({s.spending} spending, looks after {', '.join(map(str, s.looks))} pairs): {how} at "
-            f"look {end['look']} ({end['pairs']} pairs), repeated {s.confidence:.0%} interval [{low:+.4f}, {high:+.4f}], which the "
-            "words are read off; the interval below ignores the looks. ")
+    return (f"Sequential test ({s.spending} spending, looks after {', '.join(map(str, s.looks))} pairs): "
+            f"{SEQUENTIAL_ENDS[end['action']]} at look {end['look']} ({end['pairs']} pairs), repeated "
+            f"{s.confidence:.0%} interval [{low:+.4f}, {high:+.4f}], which the words are read off; the interval below "
+            "ignores the looks. ")
 
 
 def family_text(family: list[dict], seeds: int) -> str:

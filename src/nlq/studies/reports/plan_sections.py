@@ -332,9 +332,13 @@ def sequential_decision(decision: dict, end: dict, s: dict, method: str, no_effe
     return decision | {"verdict": key, "words": words, "sequential": end}
 
 
+# how a sequential test ended, by the action of its last look (sequential.look)
+SEQUENTIAL_ENDS = {"difference": "stopped for a difference", "equivalence": "stopped for equivalence",
+                   "end": "ran to its last look"}
+
+
 def sequential_lines(end: dict, s: dict) -> list[str]:
-    stopped = {"difference": "stopped for a difference", "equivalence": "stopped for equivalence",
-               "end": "ran to its last look"}[end["action"]]
+    stopped = SEQUENTIAL_ENDS[end["action"]]
     return [f"- sequential test ({s.spending} spending, looks after {', '.join(map(str, s.looks))} "
             f"pairs): {stopped} at look {end['look']} ({end['pairs']} pairs; t = {end['t']:+.3f}, p = {end['p']:.3g} "
             f"against the look's nominal level {end['level']:.3g}); repeated confidence interval "
