@@ -64,13 +64,12 @@ def decisions(results: Path) -> list[dict]:
         interval = outcome["decision"]["interval"]
         end = outcome["decision"].get("sequential")  # a sequential test's words are read off its repeated interval
         low, high = end["repeated"] if end else (interval["low"], interval["high"])
-        pair = (outcome.get("one_pair") or [None])[0]
         rows.append({"study": name, "question": QUESTIONS.get(name, study.get("description", name).split(",")[0]),
                      "kind": "primary", "first": method, "second": baseline, "first_lr": lrs.get(method),
                      "second_lr": lrs.get(baseline), "n": interval["n"], "mean": interval["mean"],
                      "low": low, "high": high,
                      "words": outcome["decision"]["words"] + (" (sequential: the repeated interval)" if end else ""),
-                     "one_pair": f"rests on seed {pair['seed']}" if pair else ""})
+                     "one_pair": rests_on(outcome)})
         for member in outcome.get("secondary_family") or []:
             if member["member"] == "interaction":
                 continue  # not two arms: its words are in the study's report
@@ -78,8 +77,15 @@ def decisions(results: Path) -> list[dict]:
             rows.append({"study": name, "question": "declared comparison (Holm over the family)", "kind": "family",
                          "first": first, "second": second, "first_lr": lrs.get(first), "second_lr": lrs.get(second),
                          "n": member["n"], "mean": member["mean"], "low": member["low"], "high": member["high"],
-                         "words": reading(member, member["holm_p"], s), "one_pair": ""})
+                         "words": reading(member, member["holm_p"], s), "one_pair": rests_on(member)})
     return rows
+
+
+def rests_on(found: dict) -> str:
+    """"rests on seed N" where removing one pair alone would change the words (the report's most influential such
+    pair; its one_pair rows in result.json), else empty."""
+    pairs = found.get("one_pair") or []
+    return f"rests on seed {pairs[0]['seed']}" if pairs else ""
 
 
 def table(rows: list[dict]) -> str:

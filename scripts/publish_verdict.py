@@ -166,7 +166,12 @@ def family_text(family: list[dict], seeds: int) -> str:
         name = ("the interaction (the query effect with QK-norm minus without)" if row["member"] == "interaction"
                 else row["comparison"])
         share = f", {row['mean'] / row['baseline_mean']:+.2%}" if row.get("baseline_mean") else ""
-        return f"{name} {row['mean']:+.4f}{share} {interval_text(row)}, Holm p {row['holm_p']:.2g}"
+        text = f"{name} {row['mean']:+.4f}{share} {interval_text(row)}, Holm p {row['holm_p']:.2g}"
+        if row.get("one_pair"):  # exploratory: its reading changes without one pair
+            pair, p = row["one_pair"][0], row["one_pair"][0]["without"]
+            text += (f" (exploratory: its reading rests on one pair; without seed {pair['seed']} Δ is "
+                     f"{p['mean']:+.4f} {interval_text(p)}, which would read \"{pair['words_without']}\")")
+        return text
 
     return (f"Declared secondaries on the same {seeds} test seeds, each arm at its own lr, Holm-adjusted as one family "
             f"of {len(family)} (Δ = the first-named arm - the second, positive = the first worse): "

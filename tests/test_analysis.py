@@ -298,6 +298,29 @@ def test_decisions_table_and_forest_plot_come_from_the_committed_results(tmp_pat
     assert block in committed, "README's decisions table is not what analysis/decisions.py writes; run it"
 
 
+def test_a_declared_comparison_that_rests_on_one_pair_says_so_in_the_record_and_the_decisions_table(tmp_path):
+    """Each declared comparison's one-pair check (the report's "the reading of ... rests on one pair" lines) is kept in
+    result.json, and the decisions table names its most influential such seed, as it does for a primary test."""
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- decisions -->\n<!-- /decisions -->\n")
+    run("decisions.py", "--readme", str(readme), "--plot", str(tmp_path / "d.png"))
+    table = readme.read_text()
+    flagged = 0
+    for path in sorted((ROOT / "results").glob("*/result.json")):
+        family = json.loads(path.read_text()).get("secondary_family") or []
+        report = (path.parent / "report.md").read_text()
+        for member in family:
+            named = [int(seed) for seed in re.findall(rf"the reading of {re.escape(member['comparison'])} rests on one "
+                                                      r"pair\. Seed (\d+)", report)]
+            assert [row["seed"] for row in member["one_pair"]] == named, (path.parent.name, member["comparison"])
+            if named and member["member"] != "interaction":
+                flagged += 1
+                first, second = member["member"]
+                assert re.search(rf"\| {re.escape(first)} \([\d.e-]+\) - {re.escape(second)} \([\d.e-]+\) \|.*"
+                                 rf"\| rests on seed {named[0]} \|", table), (path.parent.name, member["comparison"])
+    assert flagged >= 2  # qknorm-4e-3's nonlinear-qknorm (seed 225) and diff-lr's diff-qknorm (seed 218)
+
+
 def test_spread_across_cpus_compares_the_committed_runs_with_their_retrained_copies():
     out = run("spread_across_cpus.py", str(ROOT / "results" / "verdict-lr"),
               str(ROOT / "results" / "qknorm-4e-3" / "reuse_check"))

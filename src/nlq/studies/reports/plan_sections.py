@@ -225,19 +225,32 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
           f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a", interval_text(row),
           f"{row['p']:.3g}", f"{row['holm_p']:.3g}", reading(row, row["holm_p"], s)] for row in rows])
     members = [(f"the reading of {row['comparison']}", complete, diffs) for row, diffs in zip(rows, per_seed)]
-    return lines + fragile_readings(members, [r["p"] for r in rows], 0, s), rows
+    fragile = fragile_members(members, [r["p"] for r in rows], 0, s)
+    for row, pairs in zip(rows, fragile):
+        row["one_pair"] = pairs  # in result.json, for the decisions table and the status line
+    return lines + fragile_lines(members, fragile), rows
 
 
 def fragile_readings(members: list[tuple], p_values: list[float], pending: int, s: dict) -> list[str]:
+    """The report's lines for fragile_members (nothing where no reading rests on one pair)."""
+    return fragile_lines(members, fragile_members(members, p_values, pending, s))
+
+
+def fragile_members(members: list[tuple], p_values: list[float], pending: int, s: dict) -> list[list[dict]]:
     """For each member (what it reads, its seeds, its per-seed Δ) of a Holm family with these p values (and `pending`
     members not in yet, at p = 1): each pair whose removal alone would change its reading, the others' p as they
-    are (exploratory: found after looking)."""
-    lines = []
-    for index, (label, seeds, diffs) in enumerate(members):
+    are (one_pair_decides' rows; exploratory: found after looking)."""
+    found = []
+    for index, (_, seeds, diffs) in enumerate(members):
         def words_of(d: list[float], index=index) -> str:
             p = paired_difference(d, [0.0] * len(d), s.confidence)
             return reading(p, holm(p_values[:index] + [p["p"]] + p_values[index + 1:] + [1.0] * pending)[index], s)
-        lines += one_pair_lines(one_pair_decides(seeds, diffs, s.confidence, words_of), label)
+        found.append(one_pair_decides(seeds, diffs, s.confidence, words_of))
+    return found
+
+
+def fragile_lines(members: list[tuple], found: list[list[dict]]) -> list[str]:
+    lines = [line for (label, _, _), rows in zip(members, found) for line in one_pair_lines(rows, label)]
     return [""] + lines if lines else []
 
 
