@@ -177,7 +177,8 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
         pairs = pairs_of(loss, baseline, arm, s.seeds, tpp, s.endpoint)
         members.append((f"the reading of {arm} at {tpp:g} tokens/param", [seed for seed, _, _ in pairs],
                         [v - b for _, b, v in pairs]))
-    return lines + fragile_readings(members, [p["p"] for _, _, p in rows], len(family) - len(rows), s)
+    return lines + fragile_lines(members, fragile_members(members, [p["p"] for _, _, p in rows],
+                                                          len(family) - len(rows), s))
 
 
 def reading(p: dict, p_holm: float, s: dict) -> str:
@@ -213,27 +214,19 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
             base = mean_std([value[(baseline, seed)] for seed in complete])[0]
         rows.append({"comparison": label, "member": member, "baseline_mean": base, **p})
         per_seed.append(diffs)
-    adjusted = holm([r["p"] for r in rows])
+    members = [(f"the reading of {row['comparison']}", complete, diffs) for row, diffs in zip(rows, per_seed)]
+    fragile = fragile_members(members, [r["p"] for r in rows], 0, s)
+    for row, p_holm, pairs in zip(rows, holm([r["p"] for r in rows]), fragile):
+        row["holm_p"], row["one_pair"] = p_holm, pairs  # one_pair: kept for the decisions table and the status line
     lines += [f"Holm-adjusted over the {len(rows)} declared comparisons as one family; Δ positive: the first-named "
               "arm has the higher loss.", ""]
-    for row, p_holm in zip(rows, adjusted):
-        row["holm_p"] = p_holm
     lines += markdown_table(
         ["comparison", "pairs", "mean Δ", "% of the baseline", f"{s.confidence:.0%} interval", "p", "Holm p",
          "reading"],
         [[row["comparison"], row["n"], f"{row['mean']:+.4f}",
           f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a", interval_text(row),
           f"{row['p']:.3g}", f"{row['holm_p']:.3g}", reading(row, row["holm_p"], s)] for row in rows])
-    members = [(f"the reading of {row['comparison']}", complete, diffs) for row, diffs in zip(rows, per_seed)]
-    fragile = fragile_members(members, [r["p"] for r in rows], 0, s)
-    for row, pairs in zip(rows, fragile):
-        row["one_pair"] = pairs  # in result.json, for the decisions table and the status line
     return lines + fragile_lines(members, fragile), rows
-
-
-def fragile_readings(members: list[tuple], p_values: list[float], pending: int, s: dict) -> list[str]:
-    """The report's lines for fragile_members (nothing where no reading rests on one pair)."""
-    return fragile_lines(members, fragile_members(members, p_values, pending, s))
 
 
 def fragile_members(members: list[tuple], p_values: list[float], pending: int, s: dict) -> list[list[dict]]:
@@ -250,6 +243,7 @@ def fragile_members(members: list[tuple], p_values: list[float], pending: int, s
 
 
 def fragile_lines(members: list[tuple], found: list[list[dict]]) -> list[str]:
+    """The report's lines for fragile_members' rows (nothing where no reading rests on one pair)."""
     lines = [line for (label, _, _), rows in zip(members, found) for line in one_pair_lines(rows, label)]
     return [""] + lines if lines else []
 
