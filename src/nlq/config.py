@@ -272,6 +272,8 @@ class TrainConfig:
                                                "check a projection's init against the baseline's")
     keep_checkpoints: int = setting(2, "newest checkpoints kept in the run directory")
     log_every: int = setting(10, "steps between train-loss lines in metrics.jsonl")
+    diagnostics_every: int = setting(100, "language models: steps between induction diagnostics in metrics.jsonl "
+                                          "(training/diagnostics.py; they never change training); 0: off")
     device: str = setting("auto", "auto (cuda when present, else cpu), cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "float32", "bfloat16"] = setting("auto", "auto: bfloat16 autocast on cuda, float32 on cpu")
     compile: bool = setting(False, "torch.compile the model")
@@ -305,6 +307,7 @@ class TrainConfig:
         _check(self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2 must be in [0, 1)")
         _check(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0")
+        _check(self.diagnostics_every >= 0, f"train.diagnostics_every={self.diagnostics_every} must be >= 0 (0: off)")
         _check(self.checkpoint_every >= 0, f"train.checkpoint_every={self.checkpoint_every} must be >= 0")
         _check(self.threads >= 0, f"train.threads={self.threads} must be >= 0 (0: chosen by the work and the load)")
         _check(

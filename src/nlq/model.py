@@ -84,6 +84,7 @@ class Attention(nn.Module):
             self.lambdas = DifferentialLambda(cfg.head_size, layer)
         self.lambda_init = lambda_init(layer)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.attention_maps: list | None = None  # a list: each softmax map (B, h, T, T_k) is kept (diagnostics.py)
         self.fused_input = True  # one matmul for q, k, v (False: one per projection; tests compare the two)
 
     def _k_output_scale(self) -> float:
@@ -136,7 +137,7 @@ class Attention(nn.Module):
         dropout = self.dropout if self.training else 0.0
 
         def attend(q, k, v):  # softmax(q k^T * scale + mask) v: (B, h, T, hs_v)
-            if self.impl == "sdpa":
+            if self.impl == "sdpa" and self.attention_maps is None:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout,
                                                       is_causal=self.causal and attn_mask is None, scale=self.scale)
             return self._math_attention(q, k, v, attn_mask, dropout)
@@ -164,8 +165,10 @@ class Attention(nn.Module):
             attn_mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
-        probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=dropout > 0)
-        return probs @ v  # (B, nh, T, hs)
+        probs = scores.softmax(dim=-1)  # (B, nh, T, T)
+        if self.attention_maps is not None:
+            self.attention_maps.append(probs.detach())
+        return F.dropout(probs, p=dropout, training=dropout > 0) @ v  # (B, nh, T, hs)
 
 
 def _input_weight(projection: nn.Module) -> torch.Tensor | None:

@@ -72,7 +72,7 @@ class MetricsLogger:
                 self.bar.refresh()
             if "val_loss" in record:
                 self.bar.write(f"step {step}: val loss {record['val_loss']:.4f}")
-        elif not self.quiet and ("val_loss" in record or step % self.log_every == 0):
+        elif not self.quiet and ("val_loss" in record or ("train_loss" in record and step % self.log_every == 0)):
             self.print(self._line(record))
 
     def _line(self, record: dict) -> str:

@@ -30,8 +30,10 @@ from nlq.provenance import code_version, tensor_hash, utc_now
 from nlq.runs import checkpoint as ckpt
 from nlq.runs.metrics import read_metrics, truncate_metrics, write_metrics
 from nlq.runs.rundir import recorded_code, save_config, write_summary
+from nlq.runs.transitions import induction_transition
 from nlq.schedule import lr_at
 from nlq.training import distributed
+from nlq.training.diagnostics import InductionProbe
 from nlq.training.distributed import DistEnv
 from nlq.training.evaluate import evaluate, perplexity
 from nlq.training.hardware import autocast, autocast_dtype, check_memory, peak_flops, set_threads, tune_allocator
@@ -131,6 +133,8 @@ class Trainer:
             self.train_model = torch.compile(self.train_model)
         self.batches = self.inputs.batches(self.spec.global_rows, tcfg.seed)  # each step's batch, from (seed, step)
         self.eval_set = self.inputs.eval_set()
+        self.probe = (InductionProbe(cfg.model.vocab_size, cfg.model.block_size, tcfg.diagnostics_every, env.device)
+                      if tcfg.diagnostics_every and tcfg.objective == "clm" else None)  # language models only
         self.flops_per_token = self.model.flops_per_token()
         self.peak = peak_flops(tcfg, env.device, self.dtype)
 
@@ -196,6 +200,7 @@ class Trainer:
         code = code_version()  # now, while the tree is the one this process imported, not when the run ends
         if self.start_step == 0:
             logger.log(self._eval_record(0))
+            self._diagnose(logger, 0)
         last_ckpt = self.payload["path"] if self.payload else None
         if self.start_step == 0 and tcfg.checkpoint_at_start:  # the initial weights, to check an init against
             last_ckpt = self._save(0)
@@ -217,6 +222,7 @@ class Trainer:
                 if self.peak:
                     record["mfu"] = self.flops_per_token * record["tokens_per_s"] / (self.peak * env.world)
                 logger.log(record)
+                self._diagnose(logger, done)
                 if done % tcfg.eval_every == 0 or done == tcfg.max_steps:
                     logger.log(self._eval_record(done))
                 if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or done == tcfg.max_steps:
@@ -271,6 +277,11 @@ class Trainer:
     def _batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batches.batch(step, self.env.rank, self.env.world, micro, self.spec.accum)
 
+    def _diagnose(self, logger: MetricsLogger, step: int) -> None:
+        """The induction diagnostics at their cadence (every rank measures: under FSDP the forward is collective)."""
+        if self.probe is not None and self.probe.due(step, self.config.train.max_steps):
+            logger.log(self.probe.measure(self.model, step, autocast(self.env.device, self.dtype)))
+
     def _eval_record(self, step: int) -> dict:
         result = evaluate(self.train_model, self.eval_set, self.spec.micro_rows, self.env, self.dtype)
         loss = result["loss"]
@@ -321,6 +332,7 @@ class Trainer:
         records = read_metrics(self.run_dir / "metrics.jsonl") if self.env.is_main else []
         evals = [r for r in records if "val_loss" in r]
         final = evals[-1] if evals else {}
+        transition = induction_transition(records)  # None: no diagnostics
         return {
             "steps": self.config.train.max_steps, "final_step": final.get("step"),
             "val_loss": final.get("val_loss"), "val_ppl": final.get("val_ppl"), "val_bpb": final.get("val_bpb"),
@@ -331,5 +343,6 @@ class Trainer:
             "non_embedding_parameters": self.model.num_parameters(),
             **self.inputs.summary(),
             "world": self.env.world, "device": str(self.env.device), "threads": torch.get_num_threads(),
-        } | ({"test_loss": final.get("val_loss"), "test_accuracy": final.get("val_acc")}  # a classifier's evaluations
+        } | ({"transition_step": transition.step, "transition_censored": transition.censored} if transition else {}) \
+          | ({"test_loss": final.get("val_loss"), "test_accuracy": final.get("val_acc")}  # a classifier's evaluations
              if self.config.train.objective == "classify" else {})  # score its whole test split

@@ -1,8 +1,8 @@
 """Copy a study's small files into the repository (results/NAME), enough for `nlq report` to regenerate its
 report from them: study.json, report.md, results.csv, plots, and per finished run config.json, summary.json
-and metrics.jsonl thinned to its evaluations plus every `every`-th training step. No checkpoints or weights, so
-a WSD chain's stable run is copied only once its budget branches have all finished: a study resumed from the copy
-could not branch them from it, and trains the whole chain again instead.
+and metrics.jsonl thinned to its evaluations and diagnostics plus every `every`-th training step. No checkpoints
+or weights, so a WSD chain's stable run is copied only once its budget branches have all finished: a study resumed
+from the copy could not branch them from it, and trains the whole chain again instead.
 
     nlq report STUDY_DIR --collect results/NAME     (copies, then writes the report there)
 """
@@ -25,7 +25,7 @@ def thin(source: Path, every: int) -> str:
             row = json.loads(line)
         except json.JSONDecodeError:  # the last line of a run that is writing it
             continue
-        if any(k.startswith("val_") for k in row) or row.get("step", 0) % every == 0:
+        if any(k.startswith("val_") for k in row) or "prefix_matching_max" in row or row.get("step", 0) % every == 0:
             keep.append(line)
     return "\n".join(keep) + "\n"
 
