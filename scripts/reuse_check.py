@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", required=True, help="where to retrain them (runs/ and reuse_check.json)")
     parser.add_argument("--data", required=True, help="the prepared data (nlq prepare), the study's corpus")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # as the study's shards train
+    os.environ["OMP_NUM_THREADS"] = "1"  # as the study's shards train: nlq's trainer keeps what the user set ...
+    torch.set_num_threads(1)  # ... and would otherwise choose by the load (2 threads sum in another order)
     source, out = Path(args.study), Path(args.out)
     described = read_json(source / "study.json", "the study's description")
     study = plan_study(read_plan(described["plan"], str(source / "study.json")))

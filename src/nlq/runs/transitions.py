@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREFIX_KEY = "prefix_matching_max"
-PREFIX_LEVEL = 0.3
+PREFIX_LEVEL = 0.2
 LOSS_WINDOW = 9
 
 

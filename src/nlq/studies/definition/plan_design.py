@@ -18,7 +18,7 @@ from nlq.errors import UserError
 from nlq.studies.definition import plan_explore as checks
 from nlq.studies.definition.plan_explore import EXPLORE_FIELDS, DesignView, Exploration, exploration_of
 
-ENDPOINTS = ("full_val_loss", "val_loss")
+ENDPOINTS = ("full_val_loss", "val_loss", "transition_step")  # the last: runs/transitions.py, in steps
 COMMON = {"width": str, "shape": dict, "budgets_tpp": list, "primary_tpp": (int, float), "seeds": list,
           "primary": list, "secondary": list, "endpoint": str, "confidence": float, "margin": float, "alpha": float,
           "planning_sd": float}

@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
-
 from nlq.studies.definition.tables import interval_text, load_summaries, markdown_table, write_runs_csv
 from nlq.studies.inference.selection import lowest
 from nlq.studies.inference.stats import holm_verdicts, mean_std, paired_difference
@@ -89,6 +87,13 @@ def build_scaling_report(study_dir: Path, study: dict) -> tuple[list[str], dict]
     return lines, numbers
 
 
+def least_squares_slope(x: list[float], y: list[float]) -> float:
+    """The slope of the least-squares line through (x, y), in closed form with exactly rounded sums: the same bits on
+    every CPU (a LAPACK fit's last bits follow the BLAS kernels the CPU selects)."""
+    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
+    return math.fsum((a - mx) * (b - my) for a, b in zip(x, y)) / math.fsum((a - mx) ** 2 for a in x)
+
+
 def tpp_trends(budgets: list[dict], arms: list[str], min_points: int = 3) -> dict[tuple[str, str], dict]:
     """(width, variant) -> the paired slope of Δ val loss (variant - linear) per doubling of tokens per
     parameter: one least-squares slope per seed over the budgets where both runs finished, then
@@ -105,7 +110,7 @@ def tpp_trends(budgets: list[dict], arms: list[str], min_points: int = 3) -> dic
                                 and (width, "linear", seed, tpp) in loss)
                 if len(points) < min_points:
                     continue
-                slopes.append(float(np.polyfit(np.log2([t for t, _ in points]), [d for _, d in points], 1)[0]))
+                slopes.append(least_squares_slope([math.log2(t) for t, _ in points], [d for _, d in points]))
                 used.update(t for t, _ in points)
             if slopes:
                 span = sorted(used)
