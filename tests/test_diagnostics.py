@@ -121,7 +121,7 @@ def test_measuring_changes_no_training_number_even_with_dropout(byte_data, tmp_p
     generator of its own, leaves every training and evaluation number and the weights bitwise as they were."""
     on, on_summary = _train(byte_data, tmp_path / "on", diagnostics_every=3)
     off, off_summary = _train(byte_data, tmp_path / "off", diagnostics_every=0)
-    timing = {"tokens_per_s"}
+    timing = {"tokens_per_s", "time"}
     kept = [{k: v for k, v in r.items() if k not in timing} for r in on if "prefix_matching_max" not in r]
     assert kept == [{k: v for k, v in r.items() if k not in timing} for r in off]
     assert [r["step"] for r in on if "prefix_matching_max" in r] == [0, 3, 6, 9, 10]  # step 0, the cadence, the end
@@ -143,7 +143,7 @@ def test_a_resumed_run_measures_on_from_its_checkpoint(byte_data, tmp_path):
     for path in sorted((out / "checkpoints").glob("step_0000010.pt")):
         path.unlink()
     train(first, out, resume=True, quiet=True)
-    timing = {"tokens_per_s"}
+    timing = {"tokens_per_s", "time"}
     resumed = read_metrics(out / "metrics.jsonl")
     assert [{k: v for k, v in r.items() if k not in timing} for r in whole] == \
         [{k: v for k, v in r.items() if k not in timing} for r in resumed]
@@ -164,3 +164,21 @@ def test_the_transition_rules():
     assert loss_transition(losses, 3.0) == Transition(6000, True)
     assert mean_loss_after(losses, 3000, 1500, 2500) == pytest.approx(3.2)
     assert mean_loss_after(losses, 5000, 1500, 2500) is None  # the run did not log that far
+
+
+def test_every_line_carries_its_time_and_a_resumed_run_keeps_its_first_start(byte_data, tmp_path):
+    model = tiny_model_config(vocab_size=257, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    config = tiny_run_config(byte_data, model=model, max_steps=10, checkpoint_every=5, diagnostics_every=5)
+    out = tmp_path / "run"
+    train(config, out, quiet=True)
+    first = json.loads((out / "summary.json").read_text())["record"]
+    assert first["starts"] == [{"step": 0, "utc": first["started_utc"]}]
+    assert first["first_started_utc"] == first["started_utc"]
+    (out / "checkpoints" / "step_0000010.pt").unlink()
+    train(config, out, resume=True, quiet=True)
+    again = json.loads((out / "summary.json").read_text())["record"]
+    assert again["resumed_at_step"] == 5
+    assert again["starts"] == [{"step": 0, "utc": first["started_utc"]}, {"step": 5, "utc": again["started_utc"]}]
+    assert again["first_started_utc"] == first["started_utc"]
+    lines = read_metrics(out / "metrics.jsonl")
+    assert lines and all(len(r["time"]) == 20 and r["time"].endswith("Z") for r in lines)

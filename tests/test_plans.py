@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers import fake_training
-from nlq.config import upgraded
 from nlq.errors import UserError
+from nlq.fields import upgraded
 from nlq.studies.definition.plan import SHIPPED, load_plan, read_plan, shipped_plans
 from nlq.studies.registry import get_study
 

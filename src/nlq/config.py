@@ -8,7 +8,7 @@ overrides.py reads them from files and from --section.field=value arguments. Eve
 (`setting`), which `nlq train --help` prints.
 
 The machinery of a typed field (its help, choices, conversion) is fields.py. A renamed field's old name is still
-read (RENAMED). lines: every section's fields and checks stay in this one file, which an export ships beside the
+read (fields.RENAMED). lines: every section's fields and checks stay in this one file, which an export ships beside the
 model (nlq_config.py).
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nlq.errors import ConfigError, UserError
-from nlq.fields import convert_value, field_types, literal_choices, setting, short_repr
+from nlq.fields import RENAMED, convert_value, field_types, literal_choices, renamed, setting, short_repr
 from nlq.projections import ACTIVATION_MODULES, BUILT_IN, OWN_HINT, PROJECTIONS
 
 BUILT_IN_SORTED = sorted(BUILT_IN)
@@ -354,33 +354,6 @@ class RunConfig:
 
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
-
-# Fields with a new name: the old one is still read (committed config.json files, checkpoints, command lines), into
-# the new field. The nonlinear options size nlq's nonlinear projection wherever it sits, not only the query.
-RENAMED = {"model": {"query_rank": "nonlinear_rank", "query_activation": "nonlinear_activation",
-                     "query_in_norm": "nonlinear_in_norm", "query_out_norm": "nonlinear_out_norm"}}
-
-
-def renamed(values: dict, prefix: str) -> dict:
-    """A section's {field: value} with every old field name (RENAMED) read as its new one; both names at once is a
-    one-line error."""
-    old_names = RENAMED.get(prefix, {})
-    out = {}
-    for name, value in values.items():
-        new = old_names.get(name, name)
-        if new in out:
-            former = next(k for k, v in old_names.items() if v == new)
-            raise ConfigError(f"{prefix}.{former} is {prefix}.{new}'s old name, and both are given; give "
-                              f"{prefix}.{new} alone")
-        out[new] = value
-    return out
-
-
-def upgraded(raw: dict) -> dict:
-    """A recorded {section: {field: value}} config (a run's config.json) with its old field names read as the new."""
-    return {section: renamed(values, section) if isinstance(values, dict) else values
-            for section, values in raw.items()}
-
 
 def _update_section(current: Any, values: dict, prefix: str) -> Any:
     """A copy of one config dataclass with values applied; nested dataclasses (model.projections) recurse."""

@@ -1,6 +1,7 @@
 """The machinery of typed config fields: a field with its help text (`setting`), the choices of a Literal field,
-each field's declared type, and the conversion of a raw value (a command-line string, a YAML/TOML scalar) to that
-type with a one-line error. config.py declares the sections with it; overrides.py reads values through it.
+each field's declared type, the conversion of a raw value (a command-line string, a YAML/TOML scalar) to that
+type with a one-line error, and the fields read under an old name (RENAMED). config.py declares the sections with
+it; overrides.py reads values through it.
 """
 
 from __future__ import annotations
@@ -105,3 +106,30 @@ def convert_value(key: str, value: Any, annotation: Any) -> Any:
             return dict(value)
         expected = "table of option = value (numbers, text or true/false)"
     raise ConfigError(f"{key}={short_repr(value)} is not a valid {expected}")
+
+
+# Fields with a new name: the old one is still read (committed config.json files, checkpoints, command lines), into
+# the new field. The nonlinear options size nlq's nonlinear projection wherever it sits, not only the query.
+RENAMED = {"model": {"query_rank": "nonlinear_rank", "query_activation": "nonlinear_activation",
+                     "query_in_norm": "nonlinear_in_norm", "query_out_norm": "nonlinear_out_norm"}}
+
+
+def renamed(values: dict, prefix: str) -> dict:
+    """A section's {field: value} with every old field name (RENAMED) read as its new one; both names at once is a
+    one-line error."""
+    old_names = RENAMED.get(prefix, {})
+    out = {}
+    for name, value in values.items():
+        new = old_names.get(name, name)
+        if new in out:
+            former = next(k for k, v in old_names.items() if v == new)
+            raise ConfigError(f"{prefix}.{former} is {prefix}.{new}'s old name, and both are given; give "
+                              f"{prefix}.{new} alone")
+        out[new] = value
+    return out
+
+
+def upgraded(raw: dict) -> dict:
+    """A recorded {section: {field: value}} config (a run's config.json) with its old field names read as the new."""
+    return {section: renamed(values, section) if isinstance(values, dict) else values
+            for section, values in raw.items()}

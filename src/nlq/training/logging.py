@@ -57,6 +57,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        clean["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # when the line was written (UTC)
         self.file.write(json.dumps(clean) + "\n")
         step = record["step"]
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}

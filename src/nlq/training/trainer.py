@@ -197,6 +197,7 @@ class Trainer:
         if self.fresh is not None:
             logger.print(f"weights from {tcfg.init_from}" + (f"; fresh: {', '.join(self.fresh)}" if self.fresh else ""))
         started_utc = utc_now()
+        self.starts = self._earlier_starts() + [{"step": self.start_step, "utc": started_utc}]
         code = code_version()  # now, while the tree is the one this process imported, not when the run ends
         if self.start_step == 0:
             logger.log(self._eval_record(0))
@@ -304,6 +305,7 @@ class Trainer:
         path = ckpt.checkpoint_dir(self.run_dir) / f"step_{step:07d}.pt"
         if self.env.is_main:
             payload = {"model": model_state, "optimizer": optim_state, "step": step, "rng": rng_ranks[0],
+                       "starts": self.starts,  # each process's start of this run: a resumed run keeps its history
                        "rng_ranks": rng_ranks, "config": self.config.to_dict(),
                        "tokenizer": self.inputs.checkpoint_files(),  # a copied checkpoint still knows its tokenizer
                        "projections": own_sources(self.config.model.placements.values())}  # and its code of one's own
@@ -313,17 +315,27 @@ class Trainer:
         distributed.barrier(self.env)
         return str(path)
 
+    def _earlier_starts(self) -> list[dict]:
+        """The starts of the processes that trained this run before this one, from the checkpoint it resumes (one
+        written before nlq kept them: an earlier start at step 0, time unknown); none for a new run or a branch."""
+        if not self.payload or "branched_from" in self.payload:
+            return []
+        return self.payload.get("starts") or [{"step": 0, "utc": None}]
+
     def _record(self, started_utc: str, code: str | None) -> dict:
         """Where the run came from: the code commit, this process's UTC start and end (resumed_at_step: where it
-        took over from an earlier process of the same run), and a hash of the run's first training batch (rank
-        0's first micro-batch of the step the run starts at: 0, or the step of the checkpoint it branches from),
-        equal for every member of a pair), and the CPU kernels torch chose (ATEN_CPU_CAPABILITY sets them): runs
-        at AVX2 and AVX-512 kernels differ in the last bits from the first step on."""
+        took over from an earlier process of the same run; starts: every process's start step and UTC time, the
+        first also as first_started_utc, None where a checkpoint written before nlq kept them cannot say), a hash of
+        the run's first training batch (rank 0's first micro-batch of the step the run starts at: 0, or the step of
+        the checkpoint it branches from), equal for every member of a pair), and the CPU kernels torch chose
+        (ATEN_CPU_CAPABILITY sets them): runs at AVX2 and AVX-512 kernels differ in the last bits from the first step
+        on."""
         first_step = ckpt.step_of(Path(self.config.train.resume_from)) if self.config.train.resume_from else 0
         x, y = self.batches.batch(first_step, 0, self.env.world, 0, self.spec.accum)
         resumed = self.start_step if self.payload and "branched_from" not in self.payload else None
         record = {"code": code, "started_utc": started_utc, "ended_utc": utc_now(),
-                  "resumed_at_step": resumed, "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)},
+                  "first_started_utc": self.starts[0]["utc"], "starts": self.starts, "resumed_at_step": resumed,
+                  "first_batch": {"step": first_step, "sha256": tensor_hash(x, y)},
                   "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # which kernels: runs on other CPUs differ
         own = own_sources(self.config.model.placements.values())  # projections of the user's own: which code
         return record | ({"projections": own} if own else {})

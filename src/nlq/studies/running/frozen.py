@@ -10,9 +10,10 @@ import contextlib
 import time
 from pathlib import Path
 
-from nlq.config import RunConfig, upgraded
+from nlq.config import RunConfig
 from nlq.data.labelled import is_labelled
 from nlq.errors import LockHeld, UserError
+from nlq.fields import upgraded
 from nlq.fileio import read_json, write_json
 from nlq.lock import DirectoryLock
 from nlq.overrides import apply_overrides, parse_overrides
