@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -71,14 +72,25 @@ def decisions(results: Path) -> list[dict]:
                      "words": outcome["decision"]["words"] + (" (sequential: the repeated interval)" if end else ""),
                      "one_pair": rests_on(outcome)})
         for member in outcome.get("secondary_family") or []:
-            if member["member"] == "interaction":
-                continue  # not two arms: its words are in the study's report
-            first, second = member["member"]
-            rows.append({"study": name, "question": "declared comparison (Holm over the family)", "kind": "family",
+            if member["member"] == "interaction":  # (method' - baseline') - (method - baseline): two differences
+                first, second = member["comparison"].removeprefix("interaction: ").split(") - (")
+                first, second = first + ")", "(" + second
+                question, words = "declared interaction (Holm over the family)", interaction_words(member, s)
+            else:
+                (first, second), question = member["member"], "declared comparison (Holm over the family)"
+                words = reading(member, member["holm_p"], s)
+            rows.append({"study": name, "question": question, "kind": "family",
                          "first": first, "second": second, "first_lr": lrs.get(first), "second_lr": lrs.get(second),
                          "n": member["n"], "mean": member["mean"], "low": member["low"], "high": member["high"],
-                         "words": reading(member, member["holm_p"], s), "one_pair": rests_on(member)})
+                         "words": words, "one_pair": rests_on(member)})
     return rows
+
+
+def interaction_words(member: dict, s) -> str:
+    """An interaction's Holm reading: the first difference smaller or larger than the second, or within noise."""
+    if not member["holm_p"] < 1 - s.confidence:
+        return "within noise"
+    return "the first difference lower" if member["mean"] < 0 else "the first difference higher"
 
 
 def rests_on(found: dict) -> str:
@@ -119,12 +131,23 @@ def forest_plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def refuse(message: str) -> None:
+    """A user's mistake: one line on stderr, exit status 2, nothing written."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+BLOCK = re.compile(r"(<!-- decisions -->).*?(<!-- /decisions -->)", re.DOTALL)
+
+
+def check_block(readme: Path) -> None:
+    if not BLOCK.search(readme.read_text()):
+        refuse(f"{readme} has no <!-- decisions --> ... <!-- /decisions --> block to write into")
+
+
 def write_block(readme: Path, body: str) -> None:
-    text = readme.read_text()
-    pattern = re.compile(r"(<!-- decisions -->).*?(<!-- /decisions -->)", re.DOTALL)
-    if not pattern.search(text):
-        raise SystemExit(f"error: {readme} has no <!-- decisions --> ... <!-- /decisions --> block to write into")
-    atomic_write(readme, pattern.sub(lambda m: m.group(1) + "\n" + body + "\n" + m.group(2), text))
+    check_block(readme)
+    atomic_write(readme, BLOCK.sub(lambda m: m.group(1) + "\n" + body + "\n" + m.group(2), readme.read_text()))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -133,7 +156,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "decisions.png")
     args = parser.parse_args(argv)
+    if not args.results.is_dir():
+        refuse(f"--results {args.results} is not a directory; give the folder that holds the "
+                         f"committed studies (results/)")
+    if not args.readme.is_file():
+        refuse(f"--readme {args.readme} does not exist; give the README.md whose <!-- decisions --> "
+                         f"block to write")
     rows = decisions(args.results)
+    if not rows:
+        refuse(f"{args.results} holds no decided plan study (a study.json with a result.json that "
+                         f"records a decision); nothing was written")
+    check_block(args.readme)
     forest_plot(rows, args.plot)
     write_block(args.readme, table(rows))
     print(table(rows))

@@ -41,7 +41,6 @@ def reading(run: Path, checks: dict) -> dict:
             "loss_steps": {level: t["step"] if not t["censored"] else None for level, t in timing["levels"].items()},
             "prefix_matching_max": max((r[PREFIX_KEY] for r in diagnostics), default=None),
             "icl_score_min": min((r["icl_score"] for r in diagnostics), default=None),
-            "last_peak_step": max((r["step"] for r in phase), default=None),
             "reuse_check": checks.get(run.name)}
 
 

@@ -21,6 +21,7 @@ import re
 import sys
 from pathlib import Path
 
+from nlq.errors import UserError
 from nlq.fileio import atomic_write
 from nlq.studies.definition.design import read_study
 from nlq.studies.definition.plan import reference_of
@@ -191,6 +192,9 @@ def main() -> None:
                         help="rewrite the study's report block in RESULTS.md from its report, and no status (after a "
                              "change to what reports print)")
     args = parser.parse_args()
+    if not (args.study_dir / "study.json").is_file():
+        raise UserError(f"{args.study_dir} holds no study.json: give the study directory `nlq study {args.study} "
+                        f"--out DIR` trained into (or results/{args.study} to republish the committed runs)")
     results = args.results or ROOT / "results" / args.study
     same = args.study_dir.resolve() == results.resolve()  # republishing the committed runs: nothing to copy
     copied = 0 if same else collect(args.study_dir, results)
@@ -224,4 +228,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # a user's mistake or a refused record: one line, status 2, nothing half-written
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

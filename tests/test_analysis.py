@@ -2,6 +2,7 @@
 committed results and prints the numbers that section quotes."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -368,3 +369,84 @@ def test_reproducing_the_cpu_study_compares_both_reports_and_results_md_quotes_e
     assert len(rows) == 6 + 5
     quoted = RESULTS_MD.read_text()
     assert all(row in quoted for row in rows), [row for row in rows if row not in quoted]
+
+
+def test_the_decisions_table_holds_the_declared_interactions():
+    readme_path = ROOT / "README.md"
+    for name in ("verdict-lr", "mnist1d-qknorm"):
+        member = next(m for m in json.loads((ROOT / "results" / name / "result.json").read_text())["secondary_family"]
+                      if m["member"] == "interaction")
+        first, second = member["comparison"].removeprefix("interaction: ").split(") - (")
+        row = (f"| declared interaction (Holm over the family) | {first}) - ({second} | {member['n']} | "
+               f"{member['mean']:+.4f} | [{member['low']:+.4f}, {member['high']:+.4f}] |")
+        assert row in readme_path.read_text(), row
+
+
+@pytest.mark.parametrize("arguments,needle", [
+    (["--results", "{tmp}/missing"], "is not a directory"),
+    (["--results", "{tmp}/empty"], "holds no decided plan study"),
+    (["--readme", "{tmp}/missing.md"], "does not exist"),
+])
+def test_decisions_refuses_a_missing_or_empty_folder_and_writes_nothing(tmp_path, arguments, needle):
+    (tmp_path / "empty").mkdir()
+    readme, plot = tmp_path / "README.md", tmp_path / "d.png"
+    readme.write_text("<!-- decisions -->\nkept\n<!-- /decisions -->\n")
+    args = [a.format(tmp=tmp_path) for a in arguments]
+    args = args + (["--readme", str(readme)] if "--readme" not in args else []) + ["--plot", str(plot)]
+    result = subprocess.run([sys.executable, str(ANALYSIS / "decisions.py"), *args], capture_output=True, text=True)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and needle in result.stderr
+    assert "Traceback" not in result.stderr
+    assert readme.read_text() == "<!-- decisions -->\nkept\n<!-- /decisions -->\n" and not plot.exists()
+
+
+def test_a_sequential_decision_is_reread_under_its_registered_rule():
+    """mnist1d-qknorm's words are read off the repeated interval at its last look: no single pair changes them under
+    that rule (the fixed design's t interval would have said otherwise), so its record and the table name no seed."""
+    from nlq.studies.inference.sequential import repeated_interval
+    from nlq.studies.reports.plan_sections import primary_facts
+
+    outcome = json.loads((ROOT / "results" / "mnist1d-qknorm" / "result.json").read_text())
+    assert outcome["decision"]["sequential"] and outcome["one_pair"] == []
+    assert "| `mnist1d-qknorm` |" in (ROOT / "README.md").read_text()
+    assert "rests on seed 237" not in (ROOT / "README.md").read_text()
+
+    class Design:
+        margin, confidence, alpha = 0.037, 0.95, 0.05
+
+    deltas = [0.05, 0.06, 0.04, 0.05, 0.055, -0.3]  # the last pair alone pulls the mean to zero
+    pairs = [(seed, 0.0, d) for seed, d in enumerate(deltas)]
+    end = {"level": 0.001, "repeated": list(repeated_interval(deltas, 0.001))}
+    fixed = primary_facts(pairs, Design, "nonlinear", "no effect")["one_pair"]
+    sequential = primary_facts(pairs, Design, "nonlinear", "no effect", end)["one_pair"]
+    assert [r["seed"] for r in fixed] == [5] and fixed[0]["words_without"] == "nonlinear worse"
+    assert sequential and sequential[0]["words_without"] == "nonlinear worse"
+    wide = {"level": 1e-9, "repeated": list(repeated_interval(deltas, 1e-9))}  # so wide that no pair matters
+    assert primary_facts(pairs, Design, "nonlinear", "no effect", wide)["one_pair"] == []
+
+
+def test_a_hodges_lehmann_interval_that_cannot_exist_says_why():
+    from nlq.studies.inference.stats import hodges_lehmann, hodges_lehmann_pairs
+
+    assert hodges_lehmann_pairs(0.95) == 6 and hodges_lehmann_pairs(0.9) == 5
+    assert math.isnan(hodges_lehmann([0.1, 0.2, 0.3, 0.4, 0.5])["low"])
+    assert not math.isnan(hodges_lehmann([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])["low"])
+
+
+def test_publish_verdict_refuses_an_empty_study_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "publish_verdict.py"), str(tmp_path),
+                             "--study", "diff-lr", "--readme", str(tmp_path / "R.md")], capture_output=True, text=True)
+    assert result.returncode == 2 and "holds no study.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_induction_transition_rereads_the_committed_retrained_runs(tmp_path):
+    """analysis/the_induction_transition.py on its own committed output: the same readings per run (the induction
+    rule's and the train-loss rule's steps), and RESULTS.md quotes them."""
+    committed = ROOT / "results" / "transition-mechanism"
+    run("the_induction_transition.py", str(committed), "--out", str(tmp_path))
+    again = json.loads((tmp_path / "mechanism.json").read_text())["runs"]
+    kept = json.loads((committed / "mechanism.json").read_text())["runs"]
+    strip = [{k: v for k, v in r.items() if k != "reuse_check"} for r in again]
+    assert strip == [{k: v for k, v in r.items() if k != "reuse_check"} for r in kept]
+    row = next(r for r in kept if r["run"] == "d64-linear-lr0.008-s217-stable")
+    text = " ".join(RESULTS_MD.read_text().split())
+    assert f"the train-loss rule: {row['loss_steps']['3.5']:,}; the induction rule: {row['induction_step']:,}" in text

@@ -146,6 +146,15 @@ def nominal_levels(looks: list[int], alpha: float, spending: str) -> list[float]
     return [float(2 * stats.norm.sf(c)) for c in spending_bounds(looks, alpha, spending)]
 
 
+def repeated_interval(deltas: list[float], level: float) -> tuple[float, float]:
+    """The repeated confidence interval of paired differences at a look's two-sided nominal level: the mean ± the
+    t quantile at 1 - level / 2 times the standard error."""
+    d = np.asarray(deltas, dtype=float)
+    mean, se = float(d.mean()), float(d.std(ddof=1)) / math.sqrt(len(d))
+    half = float(stats.t.ppf(1 - level / 2, len(d) - 1)) * se
+    return mean - half, mean + half
+
+
 def look(deltas: list[float], k: int, looks: list[int], alpha: float, spending: str, margin: float,
          stop_for_equivalence: bool) -> dict:
     """The statistic at look k (0-based) on the first looks[k] pairs and what it decides: 'difference' (the paired t
@@ -159,9 +168,8 @@ def look(deltas: list[float], k: int, looks: list[int], alpha: float, spending: 
     se = sd / math.sqrt(n)
     t = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
     p = float(2 * stats.t.sf(abs(t), n - 1))
-    half = float(stats.t.ppf(1 - level / 2, n - 1)) * se
     naive = float(stats.t.ppf(0.975, n - 1)) * se
-    low, high = mean - half, mean + half
+    low, high = repeated_interval(list(d), level)
     if p <= level:
         action = "difference"
     elif stop_for_equivalence and -margin < low and high < margin:

@@ -211,6 +211,15 @@ def hodges_lehmann(differences: list[float], confidence: float = 0.95) -> dict:
             "level": 1 - 2 * tail / total}
 
 
+def hodges_lehmann_pairs(confidence: float = 0.95) -> int:
+    """The fewest pairs whose Hodges-Lehmann interval can exist at this confidence: where even the most extreme signed-
+    rank outcome, probability 2 / 2^n, is at most 1 - confidence (6 pairs at 95%)."""
+    n = 1
+    while 2 / 2 ** n > 1 - confidence:
+        n += 1
+    return n
+
+
 def far_above(values: list[float], mads: float = 3.0) -> list[int]:
     """Indices of the values more than `mads` scaled median absolute deviations (MAD x 1.4826, the sd of a normal
     sample) above the median: a robust count of a long upper tail, which the mean and sd hide."""

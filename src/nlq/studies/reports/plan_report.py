@@ -106,7 +106,7 @@ def one_lr_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
         return lines, outcome
     outcome |= decided(study, study_dir, pairs)
     decision = outcome["decision"]
-    facts = primary_facts(pairs, s, method, no_effect(study))
+    facts = primary_facts(pairs, s, method, no_effect(study), decision.get("sequential"))
     outcome |= facts
     lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, facts)
     lines += one_lr_secondaries(loss, s, baseline, method)
@@ -269,7 +269,7 @@ def grid_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
     decision = outcome["decision"]
     if diverged:
         lines += [f"Pairs with a diverged run, left out of the test: seeds {', '.join(map(str, diverged))}.", ""]
-    facts = primary_facts(pairs, s, method, no_effect(study))
+    facts = primary_facts(pairs, s, method, no_effect(study), decision.get("sequential"))
     outcome |= facts
     lines += primary_section(pairs, decision, loss, s, baseline, method, study_dir, facts)
     family_lines, family = secondary_family(loss, s, [arm for arm in arms if arm not in out])

@@ -8,7 +8,15 @@ from __future__ import annotations
 import math
 
 from nlq.studies.definition.tables import interval_text, markdown_table
-from nlq.studies.inference.stats import equivalence_test, far_above, hodges_lehmann, mean_std, median, paired_difference
+from nlq.studies.inference.stats import (
+    equivalence_test,
+    far_above,
+    hodges_lehmann,
+    hodges_lehmann_pairs,
+    mean_std,
+    median,
+    paired_difference,
+)
 from nlq.studies.reports.plan_sections import family_members, member_diffs
 
 MADS = 3.0  # a run is "far above" its arm's median beyond this many scaled MADs (MAD x 1.4826)
@@ -50,7 +58,8 @@ def robust_section(loss: dict, s: dict, arms: list[str], seeds: list[int], pairs
         hl = hodges_lehmann(diffs, s.confidence)
         estimates[label] = hl | {"t_mean": t_interval["mean"], "t_low": t_interval["low"],
                                  "t_high": t_interval["high"]}
-        robust = "n/a" if math.isnan(hl["low"]) else f"[{hl['low']:+.4f}, {hl['high']:+.4f}]"
+        robust = (f"n/a (needs at least {hodges_lehmann_pairs(s.confidence)} pairs)" if math.isnan(hl["low"])
+                  else f"[{hl['low']:+.4f}, {hl['high']:+.4f}]")
         tost = equivalence_test(diffs, s.margin, s.alpha)
         estimates[label] |= {"tost_p": tost["p"], "equivalent": tost["equivalent"]}
         table.append([label, len(diffs), f"{t_interval['mean']:+.4f}", interval_text(t_interval),

@@ -11,6 +11,7 @@ from nlq.fileio import read_json
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.definition.plan import reference_of
 from nlq.studies.definition.tables import interval_text, markdown_table
+from nlq.studies.inference.sequential import repeated_interval
 from nlq.studies.inference.stats import (
     VERDICTS,
     decide,
@@ -24,13 +25,20 @@ from nlq.studies.inference.stats import (
 from nlq.studies.running.engine import run_dir_of
 
 
-def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str) -> dict:
+def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str, end: dict | None = None) -> dict:
     """What the decision rests on, for the report and verdict.json: how many pairs have the method worse (Δ > 0), and
-    (exploratory) each pair whose removal alone would change the decision's words."""
+    (exploratory) each pair whose removal alone would change the decision's words under the registered rule: a
+    fixed design's, or a sequential test's read off the repeated interval at the level of the look where it ended
+    (end: decision["sequential"])."""
     deltas = [v - b for _, b, v in pairs]
-    return {"worse_pairs": sum(d > 0 for d in deltas), "one_pair": one_pair_decides(
-        [seed for seed, _, _ in pairs], deltas, s.confidence, lambda d: decide(
-            d, s.margin, s.confidence, s.alpha, method, no_effect_words)["words"])}
+
+    def words_of(d: list[float]) -> str:
+        if end is not None:
+            return sequential_words(*repeated_interval(d, end["level"]), s, method, no_effect_words)
+        return decide(d, s.margin, s.confidence, s.alpha, method, no_effect_words)["words"]
+
+    return {"worse_pairs": sum(d > 0 for d in deltas),
+            "one_pair": one_pair_decides([seed for seed, _, _ in pairs], deltas, s.confidence, words_of)}
 
 
 def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str,
@@ -333,10 +341,20 @@ def sequential_decision(decision: dict, end: dict, s: dict, method: str, no_effe
     better; above 0: worse; inside ±margin: equivalence; else inconclusive), replacing the fixed design's words;
     the naive interval stays in decision["interval"], labelled as such in the report."""
     low, high = end["repeated"]
-    key = "better" if high < 0 else "worse" if low > 0 else (
+    return decision | {"verdict": sequential_key(low, high, s), "words": sequential_words(low, high, s, method,
+                                                                                       no_effect_words),
+                       "sequential": end}
+
+
+def sequential_key(low: float, high: float, s: dict) -> str:
+    return "better" if high < 0 else "worse" if low > 0 else (
         "equivalent" if -s.margin < low and high < s.margin else "inconclusive")
-    words = no_effect_words if key == "equivalent" else VERDICTS[key].replace("nonlinear", method)
-    return decision | {"verdict": key, "words": words, "sequential": end}
+
+
+def sequential_words(low: float, high: float, s: dict, method: str, no_effect_words: str) -> str:
+    """The registered rule's words on a repeated interval [low, high]."""
+    key = sequential_key(low, high, s)
+    return no_effect_words if key == "equivalent" else VERDICTS[key].replace("nonlinear", method)
 
 
 # how a sequential test ended, by the action of its last look (sequential.look)

@@ -14,7 +14,7 @@ from pathlib import Path
 from nlq.runs.metrics import read_metrics
 from nlq.runs.transitions import PREFIX_LEVEL, induction_transition, loss_transition
 from nlq.studies.definition.tables import interval_text, markdown_table
-from nlq.studies.inference.stats import hodges_lehmann, median, paired_difference
+from nlq.studies.inference.stats import hodges_lehmann, hodges_lehmann_pairs, median, paired_difference
 from nlq.studies.running.engine import run_dir_of
 
 LOSS_LEVEL, LOSS_LEVELS = 3.5, (3.45, 3.5, 3.55)  # nats; the d64 pypkg shape's plateau lies near 3.7-3.9
@@ -150,8 +150,8 @@ def arm_row(arm: str, timings: dict, levels: bool) -> list:
 
 def comparison_row(c: dict) -> list:
     steps, hl = c["steps"], c["steps_hl"]
-    hl_text = f"{hl['estimate']:+,.0f} [{hl['low']:+,.0f}, {hl['high']:+,.0f}]" if hl and hl.get("low") is not None \
-        and not math.isnan(hl["low"]) else "n/a"
+    hl_text = (f"{hl['estimate']:+,.0f} [{hl['low']:+,.0f}, {hl['high']:+,.0f}]" if hl and not math.isnan(hl["low"])
+               else f"n/a (needs at least {hodges_lehmann_pairs()} pairs)")
     return [c["comparison"], c["n"], f"{steps['mean']:+,.0f}" if steps["n"] else "n/a",
             f"[{steps['low']:+,.0f}, {steps['high']:+,.0f}]" if steps["n"] > 1 else "n/a", hl_text,
             f"{c['later']} of {c['n']}", ", ".join(c["censored"]) or "none",
