@@ -62,7 +62,8 @@ TITLES = {"verdict-lr": "Each at its own lr", "gate-lr": "The output gate, each 
           "qknorm-4e-3": "The QK-norm baseline at 4e-3 (a robustness check)",
           "digits-controls": "8 x 8 digits with controls, splits drawn per seed",
           "mnist1d-qknorm": "MNIST-1D, the QK-norm arms",
-          "diff-lr": "Differential attention, each arm at its own lr"}
+          "diff-lr": "Differential attention, each arm at its own lr",
+          "transition": "When the induction transition comes"}
 
 
 def decision_text(outcome: dict, paper_claim: str | None = None) -> str:

@@ -36,6 +36,27 @@ OPTIONAL = {"secondary_family": list, "paper_lr_ratio": float, "planning_differe
             "gpu": str, "gpu_peak_tflops": float, "mfu": float}  # the cost on paper: GPU-hours at this MFU
 
 
+@dataclass(frozen=True)
+class Units:
+    """How a report writes an endpoint: its unit, digits, and the words for a Δ below or above 0 (a primary test's
+    and a declared comparison's)."""
+
+    name: str
+    digits: int
+    what: str  # what a percentage is of: "{baseline}'s {what}"
+    lower: str
+    higher: str
+    lower_reading: str
+    higher_reading: str
+
+    def __call__(self, value: float, signed: bool = True) -> str:
+        return f"{value:{'+' if signed else ''},.{self.digits}f}"
+
+
+LOSS_UNITS = Units("nats", 4, "loss", "better", "worse", "lower loss", "higher loss")
+STEP_UNITS = Units("steps", 0, "transition step", "earlier", "later", "earlier", "later")
+
+
 @dataclass(frozen=True, eq=False)
 class Design(DesignView):
     """Read by attribute; also a read-only mapping of to_dict() (design["seeds"], "looks" in design), the view that
@@ -49,7 +70,7 @@ class Design(DesignView):
     primary: list  # [baseline, method]
     endpoint: str
     confidence: float
-    margin: float  # of the equivalence test, nats
+    margin: float  # of the equivalence test, in the endpoint's units (nats; steps for transition_step)
     alpha: float  # of each one-sided test of equivalence
     planning_sd: float
     secondary: list = field(default_factory=list)  # arms whose test runs follow the primary arms'
@@ -75,6 +96,11 @@ class Design(DesignView):
     refine_seeds: list | None = None  # the firmer selection: more selection seeds for the two best lrs of ...
     refine_arms: list | None = None  # ... these arms (None: every arm that is selected)
     refine_selects: bool = True  # False: the refined selection is a declared reading; the test keeps the grid's
+
+    @property
+    def units(self) -> Units:
+        """A loss endpoint in nats; the transition step (runs/transitions.py) in steps, earlier or later."""
+        return STEP_UNITS if self.endpoint == "transition_step" else LOSS_UNITS
 
     @property
     def kind(self) -> str:

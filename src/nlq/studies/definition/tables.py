@@ -110,7 +110,7 @@ def markdown_table(header: list[str], rows: list[list]) -> list[str]:
 
 def interval_text(p: dict, digits: int = 4) -> str:
     """[low, high] of a paired difference, or n/a without an interval (one seed)."""
-    return f"[{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]" if not math.isnan(p["low"]) else "n/a"
+    return f"[{p['low']:+,.{digits}f}, {p['high']:+,.{digits}f}]" if not math.isnan(p["low"]) else "n/a"
 
 
 def json_safe(value):

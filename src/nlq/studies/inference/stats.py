@@ -97,11 +97,13 @@ VERDICTS = {
 
 
 def decide(differences: list[float], margin: float, confidence: float = 0.95, alpha: float = 0.05,
-           method: str = "nonlinear", equivalent_words: str | None = None) -> dict:
+           method: str = "nonlinear", equivalent_words: str | None = None,
+           directions: tuple[str, str] = ("better", "worse")) -> dict:
     """The pre-registered decision on paired differences (arm - baseline): the confidence interval below 0
     is 'better', above 0 'worse'; otherwise equivalence within +-margin (TOST at alpha) is 'equivalent'
-    (equivalent_words say it, VERDICTS' by default); else 'inconclusive'. Returns the interval, the equivalence
-    test, the verdict key and its words."""
+    (equivalent_words say it, VERDICTS' by default); else 'inconclusive'. directions: the words for a Δ below and
+    above 0 (an endpoint in steps: "earlier", "later"). Returns the interval, the equivalence test, the verdict key
+    and its words."""
     interval = paired_difference(differences, [0.0] * len(differences), confidence)
     tost = equivalence_test(differences, margin, alpha)
     if interval["high"] < 0:
@@ -112,10 +114,20 @@ def decide(differences: list[float], margin: float, confidence: float = 0.95, al
         key = "equivalent"
     else:
         key = "inconclusive"
-    words = (equivalent_words or VERDICTS[key]) if key == "equivalent" else VERDICTS[key].replace("nonlinear", method)
+    words = verdict_words(key, method, equivalent_words, directions)
     if key in ("better", "worse") and tost["equivalent"]:
         words += f", by less than {margin:g} (equivalence within ±{margin:g} also shown)"
     return {"interval": interval, "tost": tost, "verdict": key, "words": words}
+
+
+def verdict_words(key: str, method: str, equivalent_words: str | None = None,
+                  directions: tuple[str, str] = ("better", "worse")) -> str:
+    """A decision's words for its verdict key."""
+    if key == "equivalent":
+        return equivalent_words or VERDICTS[key]
+    if key in ("better", "worse"):
+        return f"{method} {directions[key == 'worse']}"
+    return VERDICTS[key]
 
 
 def sd_interval(sd: float, n: int, confidence: float = 0.95) -> tuple[float, float]:

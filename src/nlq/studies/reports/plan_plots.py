@@ -27,7 +27,7 @@ def plot_one_lr(path: Path, loss: dict, s: dict, baseline: str, name: str) -> No
         ax.axhline(sign * s.margin, color="C3", lw=0.8, ls="--")
     ax.set_xticks(range(len(cells)), labels=[f"{v}\n{tpp:g} tok/param\nn={len(pairs)}" for v, tpp, pairs in cells],
                   fontsize=8)
-    ax.set(ylabel=f"Δ {s.endpoint} vs {baseline} (nats; < 0 is better)",
+    ax.set(ylabel=f"Δ {s.endpoint} vs {baseline} ({s.units.name}; < 0 is {s.units.lower})",
            title=f"{name}: per-seed Δ, mean with {s.confidence:.0%} interval; dashed: ±{s.margin:g} "
                  f"(lr {s.lr:g} for every variant)")
     ax.title.set_fontsize(9)
@@ -53,7 +53,7 @@ def plot_curve(path: Path, picked: dict, curve: dict, chosen: dict, s: dict, arm
             ax.scatter([best["lr"] * nudge], [best["mean"]], s=120, facecolors="none", edgecolors=f"C{i}", lw=1.5)
     lrs = sorted({row["lr"] for rows in curve.values() for row in rows})
     ax.set(xscale="log", xlabel=f"peak lr (min lr = peak / {1 / s.min_lr_ratio:g})",
-           ylabel=f"{s.endpoint} (nats)",
+           ylabel=f"{s.endpoint} ({s.units.name})",
            title=f"{name} selection: seeds {', '.join(map(str, s.selection_seeds))}, per-seed points, "
                  f"means with {s.confidence:.0%} intervals")
     ax.set_xticks(lrs, labels=[f"{lr:g}" for lr in lrs], fontsize=8)
@@ -82,7 +82,7 @@ def plot_test(path: Path, pairs: list[tuple], family: list[dict], s: dict, basel
     for sign in (-1, 1):
         ax.axhline(sign * s.margin, color="C3", lw=0.8, ls="--")
     ax.set_xticks(range(len(labels)), labels=labels, fontsize=7)
-    ax.set(ylabel="Δ (nats; positive: the first-named arm is worse)",
+    ax.set(ylabel=f"Δ ({s.units.name}; positive: the first-named arm is {s.units.higher})",
            title=f"{name} test: {len(pairs)} pairs, each arm at its selected lr")
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, axis="y")

@@ -26,6 +26,7 @@ from nlq.studies.reports.comparison import build_comparison_report
 from nlq.studies.reports.plan_plots import plot_curve, plot_one_lr, plot_test
 from nlq.studies.reports.plan_robust import lr_sensitivity, robust_section
 from nlq.studies.reports.plan_sections import (
+    directions,
     lost_endpoints,
     lost_lines,
     no_effect,
@@ -87,8 +88,9 @@ def one_lr_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
              f"parameter, {s.width} {s.shape}, both at peak lr {s.lr:g} and min lr {s.min_lr:g}; "
              f"{len(seeds)} pairs (seeds {seeds[0]}-{seeds[-1]}), fixed in advance. Analysis: the mean Δ with its "
              f"{s.confidence:.0%} paired t interval; the equivalence test (two one-sided t tests at "
-             f"{s.alpha:g}, margin ±{s.margin:g} nats). Decision rule: the interval below 0: {method} better; "
-             f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
+             f"{s.alpha:g}, margin ±{s.margin:g} {s.units.name}). Decision rule: the interval below 0: {method} "
+             f"{s.units.lower}; above 0: {method} {s.units.higher}; otherwise equivalence shown: {no_effect(study)}; "
+             f"otherwise "
              f"inconclusive."] + looks_text(s) + arms_table(study_dir, runs, s) + [""]
     ended = test_seeds(study_dir, s)  # a sequential test: the seeds up to the look where it ended (None: running)
     tested = ended or seeds
@@ -190,7 +192,7 @@ def decided(study: dict, study_dir: Path, pairs: list[tuple]) -> dict:
     s = study["design"]
     baseline, method = s.primary
     decision = decide([v - b for _, b, v in pairs], s.margin, s.confidence, s.alpha, method,
-                      no_effect(study))
+                      no_effect(study), directions(s))
     if s.looks is not None:
         decision = sequential_decision(decision, sequential_end(study_dir, s), s, method, no_effect(study))
     return {"decision": decision, "baseline": baseline, "variant": method, "endpoint": s.endpoint,

@@ -25,7 +25,7 @@ MADS = 3.0  # a run is "far above" its arm's median beyond this many scaled MADs
 def robust_section(loss: dict, s: dict, arms: list[str], seeds: list[int], pairs: list[tuple]) -> tuple[list, dict]:
     """Tails per arm on the test seeds and the Hodges-Lehmann estimate of the primary Δ and of each declared
     comparison (once every arm of a seed is in), beside the t interval."""
-    tpp, key = s.primary_tpp, s.endpoint
+    tpp, key, u = s.primary_tpp, s.endpoint, s.units
     value = {(arm, seed): loss[(arm, seed, tpp)][key] for arm in arms for seed in seeds
              if isinstance((loss.get((arm, seed, tpp)) or {}).get(key), (int, float))
              and math.isfinite(loss[(arm, seed, tpp)][key])}
@@ -43,7 +43,7 @@ def robust_section(loss: dict, s: dict, arms: list[str], seeds: list[int], pairs
         mad = 1.4826 * median([abs(v - middle) for v in values])
         tails[arm] = {"runs": len(values), "median": middle, "scaled_mad": mad, "sd": mean_std(values)[1],
                       "far_above": far}
-        rows.append([arm, len(values), f"{middle:.4f}", f"{mad:.4f}", f"{mean_std(values)[1]:.4f}",
+        rows.append([arm, len(values), u(middle, False), u(mad, False), u(mean_std(values)[1], False),
                      ", ".join(map(str, far)) or "none"])
     lines += markdown_table(["arm", "runs", "median", "scaled MAD", "sd", "seeds far above"], rows)
     comparisons = [(f"{s.primary[1]} - {s.primary[0]} (the primary Δ)", [v - b for _, b, v in pairs])]
@@ -59,17 +59,17 @@ def robust_section(loss: dict, s: dict, arms: list[str], seeds: list[int], pairs
         estimates[label] = hl | {"t_mean": t_interval["mean"], "t_low": t_interval["low"],
                                  "t_high": t_interval["high"]}
         robust = (f"n/a (needs at least {hodges_lehmann_pairs(s.confidence)} pairs)" if math.isnan(hl["low"])
-                  else f"[{hl['low']:+.4f}, {hl['high']:+.4f}]")
+                  else f"[{u(hl['low'])}, {u(hl['high'])}]")
         tost = equivalence_test(diffs, s.margin, s.alpha)
         estimates[label] |= {"tost_p": tost["p"], "equivalent": tost["equivalent"]}
-        table.append([label, len(diffs), f"{t_interval['mean']:+.4f}", interval_text(t_interval),
-                      f"{hl['estimate']:+.4f}", robust, "n/a" if math.isnan(hl["level"]) else f"{hl['level']:.3f}",
+        table.append([label, len(diffs), u(t_interval["mean"]), interval_text(t_interval, u.digits),
+                      u(hl["estimate"]), robust, "n/a" if math.isnan(hl["level"]) else f"{hl['level']:.3f}",
                       f"{tost['p']:.3g} ({'shown' if tost['equivalent'] else 'not shown'})"])
     if table:
         lines += ["", "Beside each t interval, the Hodges-Lehmann estimate (the median of the Walsh averages of the "
                   "per-seed Δ) with its exact distribution-free interval (signed-rank; its level at least "
                   f"{s.confidence:.0%}, the achieved one given), which a few pairs far off move less than the mean; "
-                  f"and each Δ's equivalence within ±{s.margin:g} nats (two one-sided t tests at {s.alpha:g}, the "
+                  f"and each Δ's equivalence within ±{s.margin:g} {u.name} (two one-sided t tests at {s.alpha:g}, the "
                   "primary rule's; for a declared comparison a reading, not part of its registered words); "
                   "unadjusted.", ""]
         lines += markdown_table(["Δ", "pairs", "mean", f"{s.confidence:.0%} t interval", "Hodges-Lehmann",

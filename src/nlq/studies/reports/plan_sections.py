@@ -10,10 +10,10 @@ from pathlib import Path
 from nlq.fileio import read_json
 from nlq.runs.rundir import DIVERGED
 from nlq.studies.definition.plan import reference_of
+from nlq.studies.definition.plan_design import LOSS_UNITS, Units
 from nlq.studies.definition.tables import interval_text, markdown_table
 from nlq.studies.inference.sequential import repeated_interval
 from nlq.studies.inference.stats import (
-    VERDICTS,
     decide,
     holm,
     mean_std,
@@ -21,6 +21,7 @@ from nlq.studies.inference.stats import (
     pairs_needed,
     power_paired_t,
     sd_interval,
+    verdict_words,
 )
 from nlq.studies.running.engine import run_dir_of
 
@@ -35,7 +36,7 @@ def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str
     def words_of(d: list[float]) -> str:
         if end is not None:
             return sequential_words(*repeated_interval(d, end["level"]), s, method, no_effect_words)
-        return decide(d, s.margin, s.confidence, s.alpha, method, no_effect_words)["words"]
+        return decide(d, s.margin, s.confidence, s.alpha, method, no_effect_words, directions(s))["words"]
 
     return {"worse_pairs": sum(d > 0 for d in deltas),
             "one_pair": one_pair_decides([seed for seed, _, _ in pairs], deltas, s.confidence, words_of)}
@@ -43,30 +44,38 @@ def primary_facts(pairs: list[tuple], s: dict, method: str, no_effect_words: str
 
 def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, baseline: str, method: str,
                     study_dir: Path, facts: dict) -> list[str]:
-    interval, tost = decision["interval"], decision["tost"]
+    interval, tost, u = decision["interval"], decision["tost"], s.units
     base_mean, base_sd = mean_std([b for _, b, _ in pairs])
+    spread = (f"{u(base_mean, False)} ± {u(base_sd, False)} nats on the whole {split_name(loss)} split "
+              f"({len(pairs)} seeds)") if u.name == "nats" else \
+        f"mean {u(base_mean, False)} ± {u(base_sd, False)} {u.name} over its {len(pairs)} seeds"
     lines = [f"**Verdict: {decision['words']}.**", "",
-             f"- mean Δ {interval['mean']:+.4f} nats ({interval['mean'] / base_mean:+.2%} of {baseline}'s loss; "
-             f"positive: {method} worse), {s.confidence:.0%} interval {interval_text(interval)}, "
-             f"paired sd {interval['sd']:.4f} (planned for {s.planning_sd:g}), p = {interval['p']:.3g};",
+             f"- mean Δ {u(interval['mean'])} {u.name} ({interval['mean'] / base_mean:+.2%} of {baseline}'s "
+             f"{u.what}; positive: {method} {u.higher}), {s.confidence:.0%} interval "
+             f"{interval_text(interval, u.digits)}, paired sd {u(interval['sd'], False)} (planned for "
+             f"{s.planning_sd:g}), p = {interval['p']:.3g};",
              f"- equivalence test: p = {tost['p_lower']:.3g} against Δ <= -{s.margin:g} and "
              f"p = {tost['p_upper']:.3g} against Δ >= +{s.margin:g}; {1 - 2 * s.alpha:.0%} interval "
-             f"[{tost['low']:+.4f}, {tost['high']:+.4f}] "
+             f"[{u(tost['low'])}, {u(tost['high'])}] "
              + ("inside" if tost["equivalent"] else "not inside") + f" ±{s.margin:g};",
-             f"- {baseline}: {base_mean:.4f} ± {base_sd:.4f} nats on the whole {split_name(loss)} split "
-             f"({len(pairs)} seeds);",
+             f"- {baseline}: {spread};",
              realised_power(interval, s)]
     if "sequential" in decision:
         lines += sequential_lines(decision["sequential"], s)
-    lines += one_pair_lines(facts["one_pair"], "the decision")
+    lines += one_pair_lines(facts["one_pair"], "the decision", u)
     if decision["verdict"] == "inconclusive":
         needed = pairs_needed(s.margin, interval["sd"])
         lines.append("- What would settle it: at the observed paired sd, a new study of "
                      f"{needed or 'more than 10,000'} pairs has 80% power to find a difference of {s.margin:g} "
-                     "nats (seeds are not added to this one).")
+                     f"{u.name} (seeds are not added to this one).")
     lines += ["", beside_endpoint(pairs, loss, s, baseline, method, study_dir), ""]
     return lines + markdown_table(["seed", baseline, method, "Δ"],
-                                  [[seed, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}"] for seed, b, v in pairs])
+                                  [[seed, u(b, False), u(v, False), u(v - b)] for seed, b, v in pairs])
+
+
+def directions(s) -> tuple[str, str]:
+    """The words of a Δ below and above 0 for this design's endpoint."""
+    return s.units.lower, s.units.higher
 
 
 def is_classifier(loss: dict) -> bool:
@@ -97,16 +106,16 @@ def beside_endpoint(pairs: list[tuple], loss: dict, s: dict, baseline: str, meth
 def realised_power(interval: dict, s: dict) -> str:
     """The power the test had at the paired sd it observed (with that sd's interval) beside the power planned, and
     which sizes of effect its interval excludes."""
-    n, sd, confidence = interval["n"], interval["sd"], s.confidence
+    n, sd, confidence, u = interval["n"], interval["sd"], s.confidence, s.units
     effect = s.effect
     low, high = sd_interval(sd, n, confidence)
     kept = [f"{e:+g}" for e in (-effect, effect) if interval["low"] < e < interval["high"]]
     planned = power_paired_t(effect, s.planning_sd, n, confidence)
-    return (f"- power as realised: at the observed paired sd {sd:.4f} ({confidence:.0%} interval {low:.4f} to "
-            f"{high:.4f}) the {n} pairs find a true Δ of {effect:g} with probability "
+    return (f"- power as realised: at the observed paired sd {u(sd, False)} ({confidence:.0%} interval "
+            f"{u(low, False)} to {u(high, False)}) the {n} pairs find a true Δ of {effect:g} with probability "
             f"{power_paired_t(effect, sd, n, confidence):.2f} (planned: {planned:.2f} at sd {s.planning_sd:g}); "
-            f"the interval excludes a true Δ below {interval['low']:+.4f} or above "
-            f"{interval['high']:+.4f}" + (f"; it does not exclude a true Δ of {' or '.join(kept)}." if kept else "."))
+            f"the interval excludes a true Δ below {u(interval['low'])} or above "
+            f"{u(interval['high'])}" + (f"; it does not exclude a true Δ of {' or '.join(kept)}." if kept else "."))
 
 
 def one_pair_decides(seeds: list[int], deltas: list[float], confidence: float, words_of) -> list[dict]:
@@ -127,7 +136,7 @@ def one_pair_decides(seeds: list[int], deltas: list[float], confidence: float, w
     return rows[:3]
 
 
-def one_pair_lines(rows: list[dict], what: str) -> list[str]:
+def one_pair_lines(rows: list[dict], what: str, u: Units = LOSS_UNITS) -> list[str]:
     lines = []
     for row in rows:
         share = (f"its share of the summed Δ of all {row['without']['n'] + 1} pairs: {row['share']:+.0%}"
@@ -135,9 +144,9 @@ def one_pair_lines(rows: list[dict], what: str) -> list[str]:
         which = "the most influential pair" if row["rank"] == 1 else f"the {ordinal(row['rank'])} most influential"
         p = row["without"]
         lines.append(f"- exploratory (a pair found after looking): {what} rests on one pair. Seed {row['seed']}, "
-                     f"{which}, has Δ {row['delta']:+.4f} ({share}); without it Δ is {p['mean']:+.4f} "
-                     f"{interval_text(p)} over {p['n']} pairs, which would read \"{row['words_without']}\" instead of "
-                     f"\"{row['words']}\".")
+                     f"{which}, has Δ {u(row['delta'])} ({share}); without it Δ is {u(p['mean'])} "
+                     f"{interval_text(p, u.digits)} over {p['n']} pairs, which would read "
+                     f"\"{row['words_without']}\" instead of \"{row['words']}\".")
     return lines
 
 
@@ -178,7 +187,8 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
     lines += [f"Holm-adjusted over the {len(family)} declared comparisons as one family{pending}.", ""]
     lines += markdown_table(
         ["variant", "tokens/param", "pairs", f"mean Δ vs {baseline}", "95% interval", "p", "Holm p", "reading"],
-        [[arm, f"{tpp:g}", p["n"], f"{p['mean']:+.4f}", interval_text(p), f"{p['p']:.3g}", f"{p_holm:.3g}",
+        [[arm, f"{tpp:g}", p["n"], s.units(p["mean"]), interval_text(p, s.units.digits), f"{p['p']:.3g}",
+          f"{p_holm:.3g}",
           reading(p, p_holm, s)] for (arm, tpp, p), p_holm in zip(rows, adjusted)])
     members = []
     for arm, tpp, _ in rows:
@@ -186,13 +196,13 @@ def one_lr_secondaries(loss: dict, s: dict, baseline: str, method: str) -> list[
         members.append((f"the reading of {arm} at {tpp:g} tokens/param", [seed for seed, _, _ in pairs],
                         [v - b for _, b, v in pairs]))
     return lines + fragile_lines(members, fragile_members(members, [p["p"] for _, _, p in rows],
-                                                          len(family) - len(rows), s))
+                                                          len(family) - len(rows), s), s.units)
 
 
 def reading(p: dict, p_holm: float, s: dict) -> str:
     if not p_holm < 1 - s.confidence:
         return "within noise"
-    return "lower loss" if p["mean"] < 0 else "higher loss"
+    return s.units.lower_reading if p["mean"] < 0 else s.units.higher_reading
 
 
 def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], list[dict]]:
@@ -226,15 +236,17 @@ def secondary_family(loss: dict, s: dict, arms: list[str]) -> tuple[list[str], l
     fragile = fragile_members(members, [r["p"] for r in rows], 0, s)
     for row, p_holm, pairs in zip(rows, holm([r["p"] for r in rows]), fragile):
         row["holm_p"], row["one_pair"] = p_holm, pairs  # one_pair: kept for the decisions table and the status line
+    higher = "has the higher loss" if s.units.name == "nats" else f"is {s.units.higher}"
     lines += [f"Holm-adjusted over the {len(rows)} declared comparisons as one family; Δ positive: the first-named "
-              "arm has the higher loss.", ""]
+              f"arm {higher}.", ""]
     lines += markdown_table(
         ["comparison", "pairs", "mean Δ", "% of the baseline", f"{s.confidence:.0%} interval", "p", "Holm p",
          "reading"],
-        [[row["comparison"], row["n"], f"{row['mean']:+.4f}",
-          f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a", interval_text(row),
+        [[row["comparison"], row["n"], s.units(row["mean"]),
+          f"{row['mean'] / row['baseline_mean']:+.2%}" if row["baseline_mean"] else "n/a",
+          interval_text(row, s.units.digits),
           f"{row['p']:.3g}", f"{row['holm_p']:.3g}", reading(row, row["holm_p"], s)] for row in rows])
-    return lines + fragile_lines(members, fragile), rows
+    return lines + fragile_lines(members, fragile, s.units), rows
 
 
 def fragile_members(members: list[tuple], p_values: list[float], pending: int, s: dict) -> list[list[dict]]:
@@ -250,9 +262,9 @@ def fragile_members(members: list[tuple], p_values: list[float], pending: int, s
     return found
 
 
-def fragile_lines(members: list[tuple], found: list[list[dict]]) -> list[str]:
+def fragile_lines(members: list[tuple], found: list[list[dict]], u: Units = LOSS_UNITS) -> list[str]:
     """The report's lines for fragile_members' rows (nothing where no reading rests on one pair)."""
-    lines = [line for (label, _, _), rows in zip(members, found) for line in one_pair_lines(rows, label)]
+    lines = [line for (label, _, _), rows in zip(members, found) for line in one_pair_lines(rows, label, u)]
     return [""] + lines if lines else []
 
 
@@ -276,7 +288,8 @@ def member_diffs(member, value: dict, seeds: list[int], s: dict) -> tuple[str, l
 def no_effect(study: dict) -> str:
     """The words of the decision rule for equivalence shown: the plan's [reference] no_effect_words where it has them
     (the shipped verdict plans: their margin stood for the paper's claimed gain), else the margin itself."""
-    return reference_of(study).get("no_effect_words") or f"no effect beyond ±{study['design'].margin:g} nats"
+    words = reference_of(study).get("no_effect_words")
+    return words or f"no effect beyond ±{study['design'].margin:g} {study['design'].units.name}"
 
 
 def pairs_of(loss: dict, baseline: str, arm: str, seeds: list[int], tpp: float, endpoint: str) -> list[tuple]:
@@ -353,8 +366,7 @@ def sequential_key(low: float, high: float, s: dict) -> str:
 
 def sequential_words(low: float, high: float, s: dict, method: str, no_effect_words: str) -> str:
     """The registered rule's words on a repeated interval [low, high]."""
-    key = sequential_key(low, high, s)
-    return no_effect_words if key == "equivalent" else VERDICTS[key].replace("nonlinear", method)
+    return verdict_words(sequential_key(low, high, s), method, no_effect_words, directions(s))
 
 
 # how a sequential test ended, by the action of its last look (sequential.look)

@@ -39,11 +39,12 @@ def design_text(study: dict) -> str:
             f"{s.max_extensions} times), until the best is inside or the next lr diverges."
             + _pinned_text(s) + " Test: every arm at its "
             f"selected lr on {len(s.seeds)} seeds ({s.seeds[0]}-{s.seeds[-1]}), the primary arms first; "
-            f"Δ = {s.endpoint}({method}) - {s.endpoint}({baseline}) per seed (positive: {method} worse); the "
-            f"mean Δ with its {s.confidence:.0%} paired t interval and the equivalence test (two one-sided t tests "
-            f"at {s.alpha:g}, margin ±{s.margin:g} nats). Decision rule: the interval below 0: {method} better; "
-            f"above 0: {method} worse; otherwise equivalence shown: {no_effect(study)}; otherwise "
-            f"inconclusive. A test pair with a diverged run leaves the test and is listed.")
+            f"Δ = {s.endpoint}({method}) - {s.endpoint}({baseline}) per seed (positive: {method} "
+            f"{s.units.higher}); the mean Δ with its {s.confidence:.0%} paired t interval and the equivalence test "
+            f"(two one-sided t tests at {s.alpha:g}, margin ±{s.margin:g} {s.units.name}). Decision rule: the "
+            f"interval below 0: {method} {s.units.lower}; above 0: {method} {s.units.higher}; otherwise equivalence "
+            f"shown: {no_effect(study)}; otherwise inconclusive. A test pair with a diverged run leaves the test and "
+            "is listed.")
 
 
 def _pinned_text(s: dict) -> str:

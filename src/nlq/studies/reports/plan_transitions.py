@@ -115,10 +115,23 @@ def transitions_section(study_dir: Path, s, loss: dict, arms: list[str], seeds: 
     lines += markdown_table(["comparison", "pairs", "Δ steps", "t interval", "Hodges-Lehmann", "first later",
                              "censored pairs", f"Δ {key}", "Δ post-transition loss"],
                             [comparison_row(c) for c in comparisons])
+    declared = None
+    if s.endpoint == "transition_step":  # a study of the transition registers the primary pair's post-transition Δ
+        post = comparisons[0]["post"]
+        declared = {"comparison": comparisons[0]["comparison"], **post, "reading": post_reading(post)}
+        lines += ["", f"Declared secondary, the post-transition loss ({declared['comparison']}, registered; one "
+                  f"comparison, unadjusted): Δ {_delta(post)} pairs: **{declared['reading']}**."]
     numbers = {"rules": rules, "loss_level": LOSS_LEVEL, "prefix_level": PREFIX_LEVEL, "after": list(AFTER),
                "arms": {arm: {str(seed): t for seed, t in by_seed.items()} for arm, by_seed in timing.items()},
-               "comparisons": comparisons}
+               "comparisons": comparisons} | ({"post_transition": declared} if declared else {})
     return lines, numbers
+
+
+def post_reading(p: dict) -> str:
+    """The registered words of a post-transition Δ: its interval below 0, above 0, or around it."""
+    if not p["n"] or math.isnan(p["low"]):
+        return "not computed (too few pairs)"
+    return "lower" if p["high"] < 0 else "higher" if p["low"] > 0 else "within noise"
 
 
 def rule_text(rules: list[str]) -> str:
