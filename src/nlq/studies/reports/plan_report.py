@@ -118,7 +118,7 @@ def one_lr_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
               "margins).", ""]
     plot_one_lr(study_dir / "verdict_deltas.png", loss, s, baseline, study["name"])
     write_runs_csv(study_dir / "results.csv", runs, csv_columns(runs))
-    return with_transitions(lines, outcome, study_dir, s, loss, s.primary + s.secondary, tested)
+    return with_transitions(lines, outcome, study_dir, study, loss, s.primary + s.secondary, tested)
 
 
 def header(study: dict) -> list[str]:
@@ -287,13 +287,13 @@ def grid_report(study_dir: Path, study: dict) -> tuple[list[str], dict]:
     lines += ["", "Plot: `verdict_lr_test.png` (each test seed's Δ, the mean with its interval, the equivalence "
               "margins; beside it the secondary comparisons once they are in)."]
     write_runs_csv(study_dir / "results.csv", runs, csv_columns(runs))
-    return with_transitions(lines, outcome, study_dir, s, loss, [arm for arm in arms if arm not in out], seeds)
+    return with_transitions(lines, outcome, study_dir, study, loss, [arm for arm in arms if arm not in out], seeds)
 
 
-def with_transitions(lines: list[str], outcome: dict, study_dir: Path, s, loss: dict, arms: list[str],
+def with_transitions(lines: list[str], outcome: dict, study_dir: Path, study: dict, loss: dict, arms: list[str],
                      seeds: list[int]) -> tuple[list[str], dict]:
     """A decided language-model test's report with its transitions section (plan_transitions.py) at the end."""
-    section, numbers = transitions_section(study_dir, s, loss, arms, seeds)
+    section, numbers = transitions_section(study_dir, study["design"], loss, arms, seeds, study["name"])
     if numbers:
         outcome["transitions"] = numbers
     return lines + section, outcome

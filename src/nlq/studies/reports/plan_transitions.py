@@ -15,6 +15,7 @@ from nlq.runs.metrics import read_metrics
 from nlq.runs.transitions import PREFIX_LEVEL, induction_transition, loss_transition
 from nlq.studies.definition.tables import interval_text, markdown_table
 from nlq.studies.inference.stats import hodges_lehmann, hodges_lehmann_pairs, median, paired_difference
+from nlq.studies.reports.plots import plt, save_figure
 from nlq.studies.running.engine import run_dir_of
 
 LOSS_LEVEL, LOSS_LEVELS = 3.5, (3.45, 3.5, 3.55)  # nats; the d64 pypkg shape's plateau lies near 3.7-3.9
@@ -49,17 +50,37 @@ def run_timing(records: list[dict]) -> dict:
             "levels": {f"{level:g}": t.to_dict() for level, t in by_level.items()}}
 
 
-def kaplan_meier_median(timings: list[dict]) -> float | None:
-    """The step by which half the runs have transitioned, censoring counted (None: not reached)."""
-    survival, at_risk = 1.0, len(timings)
-    for step in sorted({t["step"] for t in timings}):
+def kaplan_meier(timings: list[dict]) -> list[tuple[int, float]]:
+    """The Kaplan-Meier estimate of the share of runs transitioned by each step at which one did: (step, share); a
+    censored run leaves the runs at risk at its last step without counting as transitioned."""
+    survival, at_risk, curve = 1.0, len(timings), []
+    for step in sorted({t["step"] for t in timings if t["step"] is not None}):
         events = sum(1 for t in timings if t["step"] == step and not t["censored"])
         if events:
             survival *= 1 - events / at_risk
-            if survival <= 0.5:
-                return step
+            curve.append((step, 1 - survival))
         at_risk -= sum(1 for t in timings if t["step"] == step)
-    return None
+    return curve
+
+
+def kaplan_meier_median(timings: list[dict]) -> float | None:
+    """The step by which half the runs have transitioned, censoring counted (None: not reached)."""
+    return next((step for step, share in kaplan_meier(timings) if share >= 0.5), None)
+
+
+def plot_transitions(path: Path, timing: dict, title: str) -> None:
+    """Per arm, the Kaplan-Meier share of runs transitioned by each step."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm, by_seed in timing.items():
+        curve = kaplan_meier(list(by_seed.values()))
+        steps = [0] + [step for step, _ in curve]
+        shares = [0.0] + [share for _, share in curve]
+        ax.step(steps, shares, where="post", label=f"{arm} ({len(by_seed)} runs)")
+    ax.set(xlabel="step", ylabel="share of runs transitioned (Kaplan-Meier)", ylim=(0, 1.02), title=title)
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
 
 
 def compare(timing: dict, first: str, second: str, seeds: list[int], loss: dict, key: str) -> dict:
@@ -85,7 +106,8 @@ def _interval(deltas: list[float]) -> dict:
                                                                            "low": math.nan, "high": math.nan}
 
 
-def transitions_section(study_dir: Path, s, loss: dict, arms: list[str], seeds: list[int]) -> tuple[list[str], dict]:
+def transitions_section(study_dir: Path, s, loss: dict, arms: list[str], seeds: list[int],
+                        name: str) -> tuple[list[str], dict]:
     """The section's lines and numbers for the test runs in loss ((arm, seed, tpp) -> run record)."""
     tpp = s.primary_tpp
     if any(r.get("objective") == "classify" for r in loss.values()):
@@ -115,6 +137,10 @@ def transitions_section(study_dir: Path, s, loss: dict, arms: list[str], seeds: 
     lines += markdown_table(["comparison", "pairs", "Δ steps", "t interval", "Hodges-Lehmann", "first later",
                              "censored pairs", f"Δ {key}", "Δ post-transition loss"],
                             [comparison_row(c) for c in comparisons])
+    plot_transitions(study_dir / "transitions.png", timing, f"{name}: when each test run's induction "
+                     f"transition came ({' and '.join(rules)} rule)")
+    lines += ["", "Plot: `transitions.png` (per arm the share of test runs transitioned by each step, Kaplan-Meier: a "
+              "censored run leaves the count at its last step)."]
     declared = None
     if s.endpoint == "transition_step":  # a study of the transition registers the primary pair's post-transition Δ
         post = comparisons[0]["post"]
