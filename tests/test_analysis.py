@@ -410,8 +410,10 @@ def test_a_sequential_decision_is_reread_under_its_registered_rule():
     assert "| `mnist1d-qknorm` |" in (ROOT / "README.md").read_text()
     assert "rests on seed 237" not in (ROOT / "README.md").read_text()
 
+    from nlq.studies.definition.plan_design import LOSS_UNITS
+
     class Design:
-        margin, confidence, alpha = 0.037, 0.95, 0.05
+        margin, confidence, alpha, units = 0.037, 0.95, 0.05, LOSS_UNITS
 
     deltas = [0.05, 0.06, 0.04, 0.05, 0.055, -0.3]  # the last pair alone pulls the mean to zero
     pairs = [(seed, 0.0, d) for seed, d in enumerate(deltas)]

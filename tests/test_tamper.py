@@ -132,3 +132,51 @@ def test_a_study_borrowing_from_an_edited_study_is_refused(tmp_path, capsys):
     source = shutil.copytree(RESULTS / "verdict-lr", tmp_path / "verdict-lr")
     edit(source, lambda d, design: design.update(margin=0.5))
     one_line_error(capsys, ["report", str(study)], "verdict-lr/study.json: design.margin differs")
+
+
+def budget_records(described: dict) -> list[dict]:
+    return [r for r in described["runs"] if r.get("stage") == "budget"]
+
+
+def test_a_record_with_two_seeds_swapped_is_refused_and_its_report_kept(tmp_path, capsys):
+    """Swapping two run records' seeds would pair the wrong runs and can flip a decision: each record is checked
+    against the config its run trained with."""
+    study = copy_study(tmp_path, "qknorm-4e-3")
+
+    def swap(d, design):
+        own = [r for r in budget_records(d) if (study / "runs" / r["name"]).is_dir()]
+        other = next(r for r in own if r["seed"] != own[0]["seed"] and r["arm"] == own[0]["arm"])
+        own[0]["seed"], other["seed"] = other["seed"], own[0]["seed"]
+
+    edit(study, swap)
+    err = one_line_error(capsys, ["report", str(study)], "is recorded with seed")
+    assert "config.json trained with" in err
+    assert (study / "report.md").read_bytes() == (RESULTS / "qknorm-4e-3" / "report.md").read_bytes()
+
+
+@pytest.mark.parametrize("field,value,needle", [("name", 7, "has name 7, not a str"),
+                                                ("seed", "211", "has seed '211', not a int"),
+                                                ("lr", [0.004], "has lr [0.004], not a int or float")])
+def test_a_run_record_of_the_wrong_type_is_one_line(tmp_path, capsys, field, value, needle):
+    study = copy_study(tmp_path, "qknorm-4e-3")
+    edit(study, lambda d, design: budget_records(d)[0].update({field: value}))
+    one_line_error(capsys, ["report", str(study)], needle)
+
+
+@pytest.mark.parametrize("value,shown", [(float("nan"), "nan"), (-1.0, "-1.0"), ("low", "'low'")])
+def test_an_endpoint_no_run_can_end_with_is_named(tmp_path, capsys, value, shown):
+    study = copy_study(tmp_path, "qknorm-4e-3")
+    run = next(p for p in sorted((study / "runs").iterdir()) if "tpp300" in p.name)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["full_val_loss"] = value
+    (run / "summary.json").write_text(json.dumps(summary))
+    one_line_error(capsys, ["report", str(study)], f"run {run.name}'s summary.json holds full_val_loss {shown}")
+
+
+def test_a_run_summary_whose_plan_hash_is_not_text_is_one_line(tmp_path, capsys):
+    study = copy_study(tmp_path, "qknorm-4e-3")
+    run = next(p for p in sorted((study / "runs").iterdir()) if "tpp300" in p.name)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["record"]["plan_hash"] = ["a", "b"]
+    (run / "summary.json").write_text(json.dumps(summary))
+    one_line_error(capsys, ["report", str(study)], f"run {run.name} records plan hash ['a', 'b']")

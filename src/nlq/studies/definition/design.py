@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -197,20 +198,65 @@ def checked_plan_study(study: dict, study_dir: Path) -> dict:
                         f"({', '.join(sorted(arms))}); run the study again from its plan to rewrite it")
     check_run_records(study.get("runs", []), where)
     check_frozen(study, study_dir)
+    check_runs_hold_their_records(study, study_dir)
     return study
 
 
 RUN_FIELDS = ("arm", "seed", "lr", "stage")  # what a plan report reads of every run record (a budget run: tpp too)
 
 
+RECORD_TYPES = {"name": (str,), "arm": (str,), "seed": (int,), "lr": (int, float, type(None)), "stage": (str,),
+                "tpp": (int, float), "steps": (int,)}  # what each field of a run record must be
+
+
 def check_run_records(runs: list[dict], where: Path) -> None:
-    """Every run record of a plan study holds the fields its report reads: one line naming the run and the field."""
+    """Every run record of a plan study holds the fields its report reads, each of its type: one line naming the run
+    and the field."""
+    restore = f"study.json was edited or damaged: restore it (git checkout -- {where} for a committed study)"
     for r in runs:
+        name = r["name"]
         needed = RUN_FIELDS + (("tpp",) if r.get("stage") == "budget" else ())
         missing = [key for key in needed if key not in r]
         if missing:
-            raise UserError(f"{where}: run {r['name']} has no {missing[0]}; study.json was edited or damaged: restore "
-                            f"it (git checkout -- {where} for a committed study)")
+            raise UserError(f"{where}: run {name} has no {missing[0]}; {restore}")
+        wrong = [key for key, kinds in RECORD_TYPES.items() if key in r and (
+            not isinstance(r[key], kinds) or isinstance(r[key], bool))]
+        if wrong:
+            raise UserError(f"{where}: run {name!r} has {wrong[0]} {r[wrong[0]]!r}, not a "
+                            f"{' or '.join(k.__name__ for k in RECORD_TYPES[wrong[0]] if k is not type(None))}; "
+                            f"{restore}")
+
+
+def check_runs_hold_their_records(study: dict, study_dir: Path) -> None:
+    """Each run record of a plan study agrees with the run it names: the seed, peak lr and steps its config.json
+    trained with, the arm's settings, and a finite endpoint (a loss is never below 0) in its summary; one line naming
+    the run and the field otherwise. A record rewritten after its runs trained (two seeds swapped) is refused."""
+    where, s = study_dir / "study.json", study["design"]
+    arms = {a.get("name"): a.get("changes") or {} for a in study.get("arms", []) if isinstance(a, dict)}
+    for r in study.get("runs", []):
+        run = study_dir / "runs" / r["name"]
+        config = read_json(run / "config.json", "a run's config") if (run / "config.json").is_file() else None
+        if isinstance(config, dict):
+            trained = config.get("train") or {}
+            said = {"seed": (r["seed"], trained.get("seed")), "lr": (r["lr"], trained.get("lr"))}
+            if r.get("steps") is not None:
+                said["steps"] = (r["steps"], trained.get("max_steps"))
+            for section, values in arms.get(r["arm"], {}).items():
+                for key, value in (values.items() if isinstance(values, dict) else ()):
+                    if key in (config.get(section) or {}):
+                        said[f"arm {r['arm']}'s {section}.{key}"] = (value, config[section][key])
+            for what, (record, actual) in said.items():
+                if record is not None and record != actual:
+                    raise UserError(f"{where}: run {r['name']} is recorded with {what} {record!r}, but its "
+                                    f"config.json trained with {actual!r}: the record was edited after the run "
+                                    f"trained; restore study.json (git checkout -- {where} for a committed study)")
+        summary = read_json(run / "summary.json", "a run summary") if (run / "summary.json").is_file() else None
+        value = summary.get(s.endpoint) if isinstance(summary, dict) else None
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and math.isfinite(value) and value >= 0):
+            raise UserError(f"{where}: run {r['name']}'s summary.json holds {s.endpoint} {value!r}, which no run can "
+                            f"end with (a finite number >= 0); train the run again (remove its directory) or restore "
+                            f"its summary.json")
 
 
 def check_frozen(study: dict, study_dir: Path) -> None:
@@ -246,6 +292,9 @@ def check_frozen(study: dict, study_dir: Path) -> None:
     hashes = {}  # plan hash -> the first run that recorded it
     for name, record in records.items():
         if record.get("plan_hash") is not None:
+            if not isinstance(record["plan_hash"], str):
+                raise UserError(f"{where}: run {name} records plan hash {record['plan_hash']!r}, not a hash (text); "
+                                f"its summary.json was edited or damaged: restore it or train the run again")
             hashes.setdefault(record["plan_hash"], name)
     if len(hashes) > 1:
         (a, first), (b, second) = list(hashes.items())[:2]
