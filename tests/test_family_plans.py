@@ -82,7 +82,13 @@ def test_an_exploratory_plans_mistakes_are_one_line_errors_naming_the_field(tmp_
     refused(lambda d: d["widths"]["d64"].update(budgets=[5, 2]), "design.widths.d64.budgets is")
     refused(lambda d: d.update(baseline="base"), "design.baseline is 'base', which is not an arm")
     refused(lambda d: d.update(seeds=[1, 1]), "design.seeds is")
+    refused(lambda d: d.update(widths={}), "design.widths is empty")
+    refused(lambda d: d.update(sweep_seed=7), r"design.sweep_seed is 7, none of design.seeds \(1, 2, 3\)")
     probes = tomllib.loads(shipped_plans()["probes"].read_text())
+    empty = json.loads(json.dumps(probes))
+    empty["design"]["tasks"] = {}
+    with pytest.raises(ValueError, match="design.tasks is empty"):
+        read_plan(empty, "p.toml")
     probes["design"]["tasks"]["mqar-2"]["task"] = "sort"
     with pytest.raises(ValueError, match="design.tasks.mqar-2.task is 'sort'; choose mqar, lookup, selective-copy"):
         read_plan(probes, "p.toml")

@@ -63,6 +63,8 @@ def test_a_prepared_directory_is_reused_and_changed_arrays_are_refused(tmp_path)
 @pytest.mark.parametrize("argv,needle", [
     (["--source", "mnist1d", "--tokenizer", "bpe:256"], "holds labelled signals or images, not text"),
     (["--source", "mnist1d:abc"], "'abc' is not an option of mnist1d"),
+    (["--source", "mnist1d:13"], "13 examples cannot be split evenly over 10 classes"),
+    (["--source", "mnist1d:20:30"], "two counts; give one"),
     (["--source", "digits:5"], "digits takes no options"),
     (["--source", "digits", "--seed", "5"], "--seed splits or reads text documents"),
     (["--source", "digits", "--val-fraction", "0.3"], "--val-fraction splits or reads text documents"),

@@ -29,7 +29,11 @@ def test_shard_auto_reads_the_slurm_array(env, expected):
 
 @pytest.mark.parametrize("env", [{}, {"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "2"},
                                  {"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "2",
-                                  "SLURM_ARRAY_TASK_MIN": "1"}])
+                                  "SLURM_ARRAY_TASK_MIN": "1"},
+                                 {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "2",  # MIN above MAX
+                                  "SLURM_ARRAY_TASK_MIN": "3", "SLURM_ARRAY_TASK_MAX": "2"},
+                                 {"SLURM_ARRAY_TASK_ID": "-1", "SLURM_ARRAY_TASK_COUNT": "2"},  # a negative task id
+                                 {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "0"}])  # no task at all
 def test_shard_auto_outside_an_array_is_one_line(env):
     with pytest.raises(UserError) as error:
         slurm_shard(env)

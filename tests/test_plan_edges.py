@@ -315,6 +315,7 @@ def test_a_split_per_seed_on_a_text_corpus_is_refused_before_study_json(byte_dat
     raw = tomllib.loads(plan.read_text())
     raw["base"]["data"] |= {"split": "seed"}
     plan.write_text(to_toml(raw))
-    one_line_error(capsys, ["study", str(plan), "--out", str(tmp_path / "s"), "--data", str(byte_data)],
-                   "data.split=seed splits labelled examples")
+    for dry in ([], ["--dry-run"]):  # the dry run refuses it as the start does
+        one_line_error(capsys, ["study", str(plan), "--out", str(tmp_path / "s"), "--data", str(byte_data), *dry],
+                       "data.split=seed splits labelled examples")
     assert not (tmp_path / "s" / "study.json").exists()

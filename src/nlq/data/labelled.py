@@ -2,9 +2,9 @@
 
 - mnist1d[:N][:shuffled]  Greydanus's MNIST-1D, generated (never downloaded) by the `mnist1d` package from its
                           templates with its published arguments (seed 42): 4,000 train / 1,000 test signals of
-                          length 40, 10 classes. `mnist1d:N` generates N examples with the same transformations
-                          (the same 80/20 split); `shuffled` is the package's variant with each sequence's order
-                          permuted (`shuffle_seq`).
+                          length 40, 10 classes. `mnist1d:N` generates N examples (a multiple of 10: as many
+                          of each class) with the same transformations (the same 80/20 split); `shuffled` is
+                          the package's variant with each sequence's order permuted (`shuffle_seq`).
 - digits                  scikit-learn's 8 x 8 handwritten digits (1,797 images, shipped with scikit-learn), split
                           1,437 / 360 by a permutation seeded 2357, recorded.
 - cifar10:DIR             the CIFAR-10 python batches (data_batch_1..5, test_batch) that torchvision writes, read
@@ -54,15 +54,20 @@ def generate(spec: str) -> tuple[dict[str, np.ndarray], dict]:
         if options:
             raise UserError(f"--source {spec}: digits takes no options (the 1,797 images scikit-learn ships)")
         return _digits()
-    total, shuffled = MNIST1D_PUBLISHED, False
+    total, shuffled, counted = MNIST1D_PUBLISHED, False, False
     for option in options:
         if option == "shuffled":
             shuffled = True
+        elif option.isdigit() and counted:
+            raise UserError(f"--source {spec}: two counts; give one, mnist1d:N")
+        elif option.isdigit() and int(option) >= 10 and int(option) % 10 == 0:
+            total, counted = int(option), True
         elif option.isdigit() and int(option) >= 10:
-            total = int(option)
+            raise UserError(f"--source {spec}: {option} examples cannot be split evenly over 10 classes (the generator "
+                            f"makes as many of each); give a multiple of 10, e.g. mnist1d:{int(option) // 10 * 10}")
         else:
-            raise UserError(f"--source {spec}: {option!r} is not an option of mnist1d; give mnist1d, mnist1d:N (N >= "
-                            f"10 examples) or mnist1d[:N]:shuffled")
+            raise UserError(f"--source {spec}: {option!r} is not an option of mnist1d; give mnist1d, mnist1d:N (N a "
+                            f"multiple of 10, at least 10) or mnist1d[:N]:shuffled")
     return _mnist1d(total, shuffled)
 
 

@@ -66,6 +66,12 @@ def slurm_shard(env: dict | None = None) -> tuple[int, int]:
         raise UserError("--shard auto reads SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT, which are not set (or "
                         "not numbers): submit the study as a job array (sbatch --array=1-N), "
                         "or give --shard K/N") from None
+    if count < 1 or task < 0 or (first is not None and first < 0):
+        raise UserError(f"--shard auto: SLURM_ARRAY_TASK_COUNT={count}, SLURM_ARRAY_TASK_ID={task}: a job array has at "
+                        f"least one task and task ids from 0; submit it with sbatch --array=1-N (N >= 1)")
+    if "SLURM_ARRAY_TASK_MIN" in env and "SLURM_ARRAY_TASK_MAX" in env and first > int(env["SLURM_ARRAY_TASK_MAX"]):
+        raise UserError(f"--shard auto: SLURM_ARRAY_TASK_MIN={first} is above SLURM_ARRAY_TASK_MAX="
+                        f"{env['SLURM_ARRAY_TASK_MAX']}; these are not a job array's")
     if first is None:
         raise UserError(f"--shard auto: array task {task} of {count}, but SLURM_ARRAY_TASK_MIN and _MAX are not set, "
                         f"so its share cannot be told (the array may start at 0 or at 1); give --shard K/N, e.g. "

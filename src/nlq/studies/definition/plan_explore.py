@@ -118,11 +118,18 @@ def _check(d: Exploration, arms: list[str], fail) -> None:
                            "(one peak lr for every arm), one of them")
         if d.sweep_seed is not None and not count(d.sweep_seed, 0):
             fail("design.sweep_seed", f"is {d.sweep_seed!r}; give a non-negative integer")
+        if d.sweep_seed is not None and d.sweep_seed not in d.seeds:
+            fail("design.sweep_seed", f"is {d.sweep_seed!r}, none of design.seeds ({', '.join(map(str, d.seeds))}); "
+                                      f"the sweep's runs are that seed's, so give one of them")
+        if not d.widths:
+            fail("design.widths", "is empty; give at least one width, e.g. d64 = { shape = {...}, budgets = [...] }")
         if d.lr is not None and not 0 < d.lr < 10:
             fail("design.lr", f"is {d.lr!r}; give a peak lr in (0, 10)")
         for width, spec in d.widths.items():
             _width(width, spec, d.sweep_seed is not None, fail)
     if d.kind == "probes":
+        if not d.tasks:
+            fail("design.tasks", "is empty; give at least one task, e.g. mqar2 = { task = \"mqar\", ... }")
         for task, spec in d.tasks.items():
             _task(task, spec, fail)
         if not 0 < d.threshold <= 1:

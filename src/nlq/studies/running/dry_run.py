@@ -21,6 +21,8 @@ def dry_run_text(study: Study, study_dir: str | Path, overrides: list[str] | Non
     study_dir, overrides = Path(study_dir), overrides or []
     frozen.check_study_dir(study, study_dir, overrides)
     data = Path(data_dir) if data_dir else study_dir / "data"
+    for config in frozen.arm_configs(study, overrides, data):  # what the start would refuse of every arm's recipe
+        frozen.check_split(study, config)
     lines = [f"study {study.name} into {study_dir}" + (f", shard {shard[0]}/{shard[1]}" if shard else "")
              + f": {study.description}"]
     stages = study.run_stages(study_dir)

@@ -209,9 +209,7 @@ def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, sh
             check_memory(config, config.train.batch_size, resolve_device(config.train.device))
         for config in configs + arm_configs(study, overrides, data):  # a loss it cannot run, in any arm and stage
             loss_impl(config, bool(config.data.task), resolve_device(config.train.device))
-            if config.data.split == "seed" and not is_labelled(study.data.source):
-                raise UserError(f"data.split=seed splits labelled examples by each run's seed, and study {study.name} "
-                                f"trains on {study.data.source!r}, a text corpus with a fixed val split; leave it out")
+            check_split(study, config)
         groups = len(dict.fromkeys(r.chain for r in first))
         if shard is not None and shard[1] > groups:  # more shards than the first stage's work: a typo
             raise UserError(f"--shard {shard[0]}/{shard[1]}: the first stage of {study.name} has {groups} groups of "
@@ -221,6 +219,13 @@ def claim(study, study_dir: Path, overrides: list[str], data_dir: str | None, sh
         study_dir.mkdir(parents=True, exist_ok=True)
         write_json(study_dir / "study.json", study.describe() | {"overrides": overrides, "runs": []})
         return True
+
+
+def check_split(study, config: RunConfig) -> None:
+    """data.split=seed needs labelled examples to split again: a text corpus's val split is fixed."""
+    if config.data.split == "seed" and not is_labelled(study.data.source):
+        raise UserError(f"data.split=seed splits labelled examples by each run's seed, and study {study.name} "
+                        f"trains on {study.data.source!r}, a text corpus with a fixed val split; leave it out")
 
 
 def arm_configs(study, overrides: list[str], data) -> list[RunConfig]:
