@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"{' (censored)' if row['induction_censored'] else ''}; train-loss rule {levels}; largest prefix "
                   f"matching {row['prefix_matching_max']:.3f}, in-context score down to {row['icl_score_min']:+.2f}; "
                   f"reuse check: {row['reuse_check']}")
+    rows.sort(key=lambda row: row["run"])
     (out / "mechanism.json").write_text(json.dumps({"levels": list(LOSS_LEVELS), "prefix_level": PREFIX_LEVEL,
                                                     "runs": rows}, indent=2) + "\n")
     return rows

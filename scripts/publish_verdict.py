@@ -27,7 +27,7 @@ from nlq.studies.definition.design import read_study
 from nlq.studies.definition.plan import reference_of
 from nlq.studies.definition.tables import interval_text
 from nlq.studies.registry import build_report
-from nlq.studies.reports.plan_sections import SEQUENTIAL_ENDS
+from nlq.studies.reports.plan_sequential import SEQUENTIAL_ENDS
 from nlq.studies.running.collect import collect
 
 ROOT = Path(__file__).resolve().parent.parent

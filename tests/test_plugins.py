@@ -590,3 +590,81 @@ def test_a_plugin_studys_report_imports_its_recorded_file_and_refuses_a_changed_
         assert (tmp_path / "s" / "report.md").read_bytes() == before  # not rewritten
     finally:
         forget()
+
+
+MISBEHAVING = '''
+import sys
+
+import torch
+from torch import nn
+
+from nlq.projections import Projection, register_projection
+
+
+class FailsToBuild(Projection):
+    def __init__(self, dim):
+        super().__init__()
+        raise ValueError("my init bug")
+
+
+class ExitsInInit(Projection):
+    def __init__(self, dim):
+        super().__init__()
+        sys.exit(0)
+
+
+class FailsOnData(Projection):
+    """Builds, and fails on the first batch of tokens it reads (a shape check that the trial input in info passes)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        if x.size(0) > 1:
+            raise RuntimeError("my forward bug")
+        return self.weight_proj(x)
+
+
+class ExitsInForward(FailsOnData):
+    def forward(self, x):
+        if x.size(0) > 1:
+            sys.exit(0)
+        return self.weight_proj(x)
+
+
+register_projection("fails-to-build", FailsToBuild)
+register_projection("exits-in-init", ExitsInInit)
+register_projection("fails-on-data", FailsOnData)
+register_projection("exits-in-forward", ExitsInForward)
+'''
+
+
+@pytest.fixture
+def misbehaving(tmp_path):
+    yield from imported(tmp_path, "misbehaving", MISBEHAVING)
+
+
+@pytest.mark.parametrize("name,needle", [("fails-to-build", "raised ValueError: my init bug while nlq built the model"),
+                                         ("exits-in-init", "called sys.exit(0) while nlq built the model"),
+                                         ("fails-on-data", "raised RuntimeError: my forward bug while the model read "
+                                                           "its first batch"),
+                                         ("exits-in-forward", "called sys.exit(0) while the model read its first "
+                                                              "batch")])
+def test_a_projection_that_raises_or_exits_is_one_line_and_leaves_no_run_directory(misbehaving, byte_data, tmp_path,
+                                                                                  capsys, monkeypatch, name, needle):
+    monkeypatch.setenv("NLQ_IMPORT", str(misbehaving))
+    err = one_line_error(capsys, ["train", "--data", byte_data, "--out", tmp_path / "x", "--preset", "nano", *SMALL,
+                                  f"--model.query={name}", "--train.max_steps=2"], needle)
+    assert f"projection {name} ({misbehaving.resolve()})" in err
+    assert not (tmp_path / "x").exists()
+    if "init" in name:
+        one_line_error(capsys, ["info", "micro", f"--model.query={name}"], needle)
+
+
+def test_an_error_of_nlqs_own_beside_a_projection_of_ones_own_is_not_blamed_on_it(misbehaving):
+    from nlq.own_code import guarded
+
+    with pytest.raises(KeyError):
+        with guarded(["fails-on-data"], "testing"):
+            raise KeyError("nlq's own")

@@ -35,10 +35,11 @@ def cmd_info(args: argparse.Namespace, overrides: list[str]) -> None:
     import torch
 
     from nlq.model import Transformer
+    from nlq.own_code import guarded
 
     config = _config(args, overrides)
     m = config.model
-    with torch.device("meta"):  # count without allocating
+    with guarded(m.placements.values(), "nlq built the model"), torch.device("meta"):  # count without allocating
         model = Transformer(m)
     placements = " ".join(f"{k}={v}" for k, v in m.placements.items())
     print(f"preset {args.preset}: projections {placements}; n_layer={m.n_layer} n_embd={m.n_embd} n_head={m.n_head} "

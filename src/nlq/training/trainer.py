@@ -2,8 +2,9 @@
 batch in tokens, clipping, periodic eval on a fixed val set, atomic checkpoints and exact resume.
 
 The same code runs as one process and under torchrun (DDP or FSDP2); only rank 0 writes. What the run trains
-on (inputs.py), evaluation (evaluate.py), the host (hardware.py) and the files of a run directory (runs/) live
-beside it.
+on (inputs.py), evaluation (evaluate.py), the diagnostics (diagnostics.py), the host (hardware.py) and the files of
+a run directory (runs/) live beside it. lines: the loop, its checkpoints and what a run records of itself stay in
+one class.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nlq.fileio import remove_stale
 from nlq.interop.load import load_initial_weights
 from nlq.lock import directory_lock
 from nlq.model import Transformer
+from nlq.own_code import first_batch, guarded
 from nlq.projections import check_own_code, own_sources
 from nlq.provenance import code_version, tensor_hash, utc_now
 from nlq.runs import checkpoint as ckpt
@@ -105,6 +107,15 @@ class Trainer:
         self.dtype = autocast_dtype(tcfg, env.device)  # refuses bf16 where the CPU has none, before any write
         self.payload = self._existing_checkpoint(resume)
         self.start_step = self.payload["step"] if self.payload else 0
+        torch.manual_seed(tcfg.seed + env.rank)  # dropout: independent masks on each rank
+        with guarded(cfg.model.placements.values(), "nlq built the model"):  # code of one's own fails before any write
+            self.model = Transformer(cfg.model, seed=tcfg.seed)  # the bare model: checkpoints are taken from it
+        self.fresh, self.train_acc = None, None
+        if tcfg.init_from and not self.payload:  # weights trained elsewhere, a fresh optimizer at step 0
+            self.fresh = load_initial_weights(self.model, tcfg.init_from)
+        self.model = self.model.to(env.device)
+        self.batches = self.inputs.batches(self.spec.global_rows, tcfg.seed)  # each step's batch, from (seed, step)
+        self._try_own_code()
         distributed.barrier(env)  # every rank has looked at the run directory before rank 0 writes to it
         if env.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,13 +123,6 @@ class Trainer:
             self.inputs.save_files(run_dir)
             self._start_metrics()
         distributed.barrier(env)
-
-        torch.manual_seed(tcfg.seed + env.rank)  # dropout: independent masks on each rank
-        self.model = Transformer(cfg.model, seed=tcfg.seed)  # the bare model: checkpoints are taken from it
-        self.fresh, self.train_acc = None, None
-        if tcfg.init_from and not self.payload:  # weights trained elsewhere, a fresh optimizer at step 0
-            self.fresh = load_initial_weights(self.model, tcfg.init_from)
-        self.model = self.model.to(env.device)
         self.train_model = distributed.wrap(self.model, env, cfg.dist.strategy)
         self.optimizer = make_optimizer(self.model, tcfg, env.device,
                                         sharded=env.distributed and cfg.dist.strategy == "fsdp")
@@ -131,12 +135,17 @@ class Trainer:
             ckpt.restore_rng(self.payload, env.rank, env.world, tcfg.seed, env.device)
         if tcfg.compile:
             self.train_model = torch.compile(self.train_model)
-        self.batches = self.inputs.batches(self.spec.global_rows, tcfg.seed)  # each step's batch, from (seed, step)
         self.eval_set = self.inputs.eval_set()
         self.probe = (InductionProbe(cfg.model.vocab_size, cfg.model.block_size, tcfg.diagnostics_every, env.device)
                       if tcfg.diagnostics_every and tcfg.objective == "clm" else None)  # language models only
         self.flops_per_token = self.model.flops_per_token()
         self.peak = peak_flops(tcfg, env.device, self.dtype)
+
+    def _try_own_code(self) -> None:
+        """A model with projections of one's own reads its first batch once before anything is written."""
+        if own_sources(self.config.model.placements.values()):
+            x, y = (t.to(self.env.device) for t in self._batch(self.start_step, 0))
+            first_batch(self.model, x, y, self.config, autocast(self.env.device, self.dtype))
 
     def _existing_checkpoint(self, resume: bool) -> dict | None:
         """The state to start from: this run's latest checkpoint on --resume, else train.resume_from (a

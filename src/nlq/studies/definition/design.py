@@ -246,7 +246,7 @@ def check_runs_hold_their_records(study: dict, study_dir: Path) -> None:
                     if key in (config.get(section) or {}):
                         said[f"arm {r['arm']}'s {section}.{key}"] = (value, config[section][key])
             for what, (record, actual) in said.items():
-                if record is not None and record != actual:
+                if record is not None and actual is not None and record != actual:
                     raise UserError(f"{where}: run {r['name']} is recorded with {what} {record!r}, but its "
                                     f"config.json trained with {actual!r}: the record was edited after the run "
                                     f"trained; restore study.json (git checkout -- {where} for a committed study)")

@@ -26,7 +26,6 @@ from nlq.studies.reports.comparison import build_comparison_report
 from nlq.studies.reports.plan_plots import plot_curve, plot_one_lr, plot_test
 from nlq.studies.reports.plan_robust import lr_sensitivity, robust_section
 from nlq.studies.reports.plan_sections import (
-    directions,
     lost_endpoints,
     lost_lines,
     no_effect,
@@ -35,9 +34,6 @@ from nlq.studies.reports.plan_sections import (
     primary_facts,
     primary_section,
     secondary_family,
-    sequential_decision,
-    sequential_end,
-    test_seeds,
 )
 from nlq.studies.reports.plan_selection import (
     borrowed_text,
@@ -48,6 +44,7 @@ from nlq.studies.reports.plan_selection import (
     selection_margins,
     selection_table,
 )
+from nlq.studies.reports.plan_sequential import directions, sequential_decision, sequential_end, test_seeds
 from nlq.studies.reports.plan_transitions import transitions_section
 from nlq.studies.reports.probes import build_probes_report
 from nlq.studies.reports.scaling import build_scaling_report

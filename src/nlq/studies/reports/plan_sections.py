@@ -21,8 +21,8 @@ from nlq.studies.inference.stats import (
     pairs_needed,
     power_paired_t,
     sd_interval,
-    verdict_words,
 )
+from nlq.studies.reports.plan_sequential import directions, sequential_lines, sequential_words
 from nlq.studies.running.engine import run_dir_of
 
 
@@ -71,11 +71,6 @@ def primary_section(pairs: list[tuple], decision: dict, loss: dict, s: dict, bas
     lines += ["", beside_endpoint(pairs, loss, s, baseline, method, study_dir), ""]
     return lines + markdown_table(["seed", baseline, method, "Δ"],
                                   [[seed, u(b, False), u(v, False), u(v - b)] for seed, b, v in pairs])
-
-
-def directions(s) -> tuple[str, str]:
-    """The words of a Δ below and above 0 for this design's endpoint."""
-    return s.units.lower, s.units.higher
 
 
 def is_classifier(loss: dict) -> bool:
@@ -325,64 +320,3 @@ def lost_lines(lost: list[str], s: dict) -> list[str]:
     return [f"Counted as not finished: {len(lost)} run{'s' * (len(lost) > 1)} whose summary.json holds no "
             f"{s.endpoint} (missing or null): {', '.join(lost)}. Train {'them' if len(lost) > 1 else 'it'} again "
             "(delete the summary and run the study again) or restore the file.", ""]
-
-
-def sequential_end(study_dir: Path, s: dict) -> dict | None:
-    """A sequential test's last recorded look once the test has ended there (stopped at a bound, or the last look);
-    None while it runs (no endpoint is shown before). A plan without looks: None."""
-    path = study_dir / "sequential.json"
-    if s.looks is None or not path.is_file():
-        return None
-    looks = read_json(path, "the sequential test's record").get("looks") or []
-    ended = [entry for entry in looks if entry.get("action") in ("difference", "equivalence", "end")]
-    if not ended:
-        return None
-    return ended[0] | {"every_look": [entry for entry in looks if entry["look"] <= ended[0]["look"]]}
-
-
-def test_seeds(study_dir: Path, s: dict) -> list[int] | None:
-    """The seeds the pre-registered test is computed on: every test seed, or for a sequential test those up to the
-    look where it ended (None while it runs)."""
-    if s.looks is None:
-        return s.seeds
-    end = sequential_end(study_dir, s)
-    return None if end is None else s.seeds[:s.looks[end["look"] - 1]]
-
-
-def sequential_decision(decision: dict, end: dict, s: dict, method: str, no_effect_words: str) -> dict:
-    """The registered rule read off the repeated confidence interval at the look where the test ended (below 0:
-    better; above 0: worse; inside ±margin: equivalence; else inconclusive), replacing the fixed design's words;
-    the naive interval stays in decision["interval"], labelled as such in the report."""
-    low, high = end["repeated"]
-    return decision | {"verdict": sequential_key(low, high, s), "words": sequential_words(low, high, s, method,
-                                                                                       no_effect_words),
-                       "sequential": end}
-
-
-def sequential_key(low: float, high: float, s: dict) -> str:
-    return "better" if high < 0 else "worse" if low > 0 else (
-        "equivalent" if -s.margin < low and high < s.margin else "inconclusive")
-
-
-def sequential_words(low: float, high: float, s: dict, method: str, no_effect_words: str) -> str:
-    """The registered rule's words on a repeated interval [low, high]."""
-    return verdict_words(sequential_key(low, high, s), method, no_effect_words, directions(s))
-
-
-# how a sequential test ended, by the action of its last look (sequential.look)
-SEQUENTIAL_ENDS = {"difference": "stopped for a difference", "equivalence": "stopped for equivalence",
-                   "end": "ran to its last look"}
-
-
-def sequential_lines(end: dict, s: dict) -> list[str]:
-    stopped = SEQUENTIAL_ENDS[end["action"]]
-    return [f"- sequential test ({s.spending} spending, looks after {', '.join(map(str, s.looks))} "
-            f"pairs): {stopped} at look {end['look']} ({end['pairs']} pairs; t = {end['t']:+.3f}, p = {end['p']:.3g} "
-            f"against the look's nominal level {end['level']:.3g}); repeated confidence interval "
-            f"[{end['repeated'][0]:+.4f}, {end['repeated'][1]:+.4f}] (Jennison & Turnbull 1989: its coverage holds "
-            f"over every look together; the decision is read off it); the naive 95% interval "
-            f"[{end['naive'][0]:+.4f}, {end['naive'][1]:+.4f}] ignores the looks and is shown for comparison only;"
-            ] + [f"  - look {e['look']} ({e['pairs']} pairs): mean Δ {e['mean']:+.4f}, t = {e['t']:+.3f}, p = "
-                 f"{e['p']:.3g} against its nominal level {e['level']:.3g} (|z| bound {e['bound']:.4f}); repeated "
-                 f"interval [{e['repeated'][0]:+.4f}, {e['repeated'][1]:+.4f}]; {e['action']}"
-                 for e in end.get("every_look", [])]
