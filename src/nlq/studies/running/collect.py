@@ -2,7 +2,8 @@
 report from them: study.json, report.md, results.csv, plots, and per finished run config.json, summary.json
 and metrics.jsonl thinned to its evaluations and diagnostics plus every `every`-th training step. No checkpoints
 or weights, so a WSD chain's stable run is copied only once its budget branches have all finished: a study resumed
-from the copy could not branch them from it, and trains the whole chain again instead.
+from the copy could not branch them from it, and trains the whole chain again instead. No absolute path of the
+machine either: configs and study.json name data and checkpoints relatively (runs/paths.py).
 
     nlq report STUDY_DIR --collect results/NAME     (copies, then writes the report there)
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from nlq.errors import UserError
 from nlq.fileio import read_json
+from nlq.runs.paths import scrubbed_text
 from nlq.studies.definition.design import read_study, upgraded_study
 
 
@@ -71,14 +73,15 @@ def collect(study_dir: Path, out: Path, every: int = 100) -> int:
     for path in study_dir.iterdir():
         if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith("."):
             shutil.copy2(path, out / path.name)
+    (out / "study.json").write_text(scrubbed_text((study_dir / "study.json").read_text()))  # no absolute path
     copied, waiting = 0, branch_sources(study_dir)
     for run in sorted((study_dir / "runs").iterdir()):
         if not (run / "summary.json").is_file() or run.name in waiting:
             continue
         target = out / "runs" / run.name
         target.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "summary.json"):
-            shutil.copy2(run / name, target / name)
+        shutil.copy2(run / "summary.json", target / "summary.json")
+        (target / "config.json").write_text(scrubbed_text((run / "config.json").read_text()))
         (target / "metrics.jsonl").write_text(thin(run / "metrics.jsonl", every))
         copied += 1
     return copied
