@@ -91,8 +91,19 @@ def test_a_source_that_is_not_the_same_experiment_or_commit_is_refused_in_one_li
     with pytest.raises(UserError) as error:
         run_study(get_study(plan), tmp_path / "studies" / "borrower", data_dir=str(byte_data), log=lambda *_: None)
     assert needle in str(error.value) and "\n" not in str(error.value), str(error.value)
-    if "commit" not in needle:
-        assert not trained  # refused before anything trains
+    assert not trained  # refused before anything trains, a wrong commit too
+    assert not (tmp_path / "studies" / "borrower" / "study.json").exists()
+
+
+def test_a_one_lr_plan_or_one_that_borrows_every_arm_is_refused_at_once(tmp_path):
+    raw = tomllib.loads((SHIPPED / "example.toml").read_text())
+    raw["arms"] = [lent(arm) if arm["name"] == raw["design"]["primary"][0] else arm for arm in raw["arms"]]
+    (tmp_path / "one-lr.toml").write_text(to_toml(raw))
+    with pytest.raises(UserError, match="arms.borrow is for a plan with an lr grid"):
+        get_study(str(tmp_path / "one-lr.toml"))
+    plan = grid_plan(tmp_path, "borrower", [lent(LINEAR), lent(NONLINEAR)], ["linear", "nonlinear"], [])
+    with pytest.raises(UserError, match=r"arms.borrow borrows every arm \(linear, nonlinear\)"):
+        get_study(plan)
 
 
 def test_a_changed_base_recipe_or_a_missing_source_is_refused_before_anything_trains(source, tmp_path, byte_data,

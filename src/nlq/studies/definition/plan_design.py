@@ -160,6 +160,12 @@ def design_of(table: dict, arms: list[str], fail, borrowed: dict | None = None) 
             fail("arms.borrow", f"is for decisions; a {table['kind']} plan trains every arm it names")
         return exploration_of(dict(table), arms, fail)
     design = Design(**_checked(dict(table), arms, fail), **({"borrowed": borrowed} if borrowed else {}))
+    if borrowed and design.kind == "fixed-lr":
+        fail("arms.borrow", "is for a plan with an lr grid (each arm at the lr its own study selected); a plan with "
+                            "one lr for every arm trains every arm it names: remove the borrow")
+    if borrowed and set(arms) <= set(borrowed):
+        fail("arms.borrow", f"borrows every arm ({', '.join(arms)}), which leaves nothing to train; a plan trains at "
+                            f"least one arm of its own (read the other study's report instead)")
     lent = [arm for arm in design.refined_arms if arm in (borrowed or {})]
     if design.refine_selects and lent:
         fail("design.refine_selects", f"is true, but {lent[0]} is borrowed: its test runs are at the lr its own study "

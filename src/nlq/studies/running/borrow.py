@@ -44,6 +44,9 @@ def borrowed_records(study_dir: Path, study: dict) -> list[dict]:
         for record in described.get("runs", []):
             if record.get("arm") == arm:
                 records.append({**record, "dir": str(source / "runs" / record["name"]), "borrowed_from": borrow})
+                summary = source / "runs" / record["name"] / "summary.json"
+                if summary.is_file():  # before anything trains: a wrong commit is refused at the start
+                    check_commit(read_json(summary, "a run summary"), records[-1])
     return records
 
 
