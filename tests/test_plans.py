@@ -18,12 +18,17 @@ from nlq.studies.registry import get_study
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "results" / "verdict"
+
+
 def as_committed(config: dict, saved: dict) -> dict:
-    """config without the fields nlq gained after `saved` was written, where they hold their default: the value every
-    earlier run had (model.attn_gate, model.options, the classifier's fields, ...)."""
+    """config as a committed record holds it: its paths without the machine's absolute part (runs/paths.py), and
+    without the fields nlq gained after `saved` was written, where they hold their default: the value every earlier
+    run had (model.attn_gate, model.options, the classifier's fields, ...)."""
     from nlq.config import RunConfig
+    from nlq.runs.paths import scrubbed_text
 
     defaults = RunConfig().to_dict()
+    config = json.loads(scrubbed_text(json.dumps(config, indent=2)))
     out = {section: dict(values) for section, values in config.items()}
     for section, values in out.items():
         for key in list(values):
@@ -71,8 +76,6 @@ def test_plans_verdict_lr_builds_exactly_the_runs_of_the_committed_verdict_lr():
     results = ROOT / "results" / "verdict-lr"
     study_json = json.loads((results / "study.json").read_text())
     committed = {p.parent.name: upgraded(json.loads(p.read_text())) for p in (results / "runs").glob("*/config.json")}
-    branch = next(c["train"]["resume_from"] for c in committed.values() if c["train"]["resume_from"])
-    where = str(Path(branch).parents[3])  # the study directory the runs were trained in (their checkpoints' paths)
     stages, planned = get_study(str(ROOT / "plans" / "verdict-lr.toml")).run_stages(results), {}
     while True:  # the stages the committed results decide; one that needs runs not committed yet ends the list
         try:
@@ -80,10 +83,7 @@ def test_plans_verdict_lr_builds_exactly_the_runs_of_the_committed_verdict_lr():
         except (StopIteration, UserError, OSError, KeyError):
             break
         for r in stage:
-            config = r.config([], Path(study_json["data_dir"])).to_dict()
-            if config["train"]["resume_from"]:
-                config["train"]["resume_from"] = config["train"]["resume_from"].replace(str(results), where)
-            planned[r.name] = config
+            planned[r.name] = r.config([], Path(study_json["data_dir"])).to_dict()  # its paths: as_committed
     assert committed and set(committed) <= set(planned)
     assert all(as_committed(planned[name], saved) == saved for name, saved in committed.items())
     tested = {f"-s{seed}" for seed in study_json["settings"]["seeds"]}
