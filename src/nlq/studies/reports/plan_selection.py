@@ -30,14 +30,16 @@ def borrowed_text(s: dict) -> list[str]:
 def design_text(study: dict) -> str:
     s = study["design"]
     baseline, method = s.primary
-    return (f"Selection: the arms {', '.join(s.primary + s.secondary)} at peak lr "
+    rule = (f"Selection: the arms {', '.join(s.primary + s.secondary)} at peak lr "
             f"{', '.join(f'{lr:g}' for lr in s.lrs)} (min lr = peak x {s.min_lr_ratio:g}) on seeds "
             f"{', '.join(map(str, s.selection_seeds))}; each arm's lr is the one with the lowest mean "
             f"{s.endpoint} "
             f"at {s.primary_tpp:g} tokens per parameter (an lr with a diverged run is out; a tie goes to the lower "
             f"lr); a best lr at an edge of what was tried extends the grid by x{s.edge_factor:g} that way (at most "
-            f"{s.max_extensions} times), until the best is inside or the next lr diverges."
-            + _pinned_text(s) + " Test: every arm at its "
+            f"{s.max_extensions} times), until the best is inside or the next lr diverges.")
+    if not s.selected_arms(s.primary + s.secondary):
+        rule = "No selection: every arm is held at an lr of its own."
+    return (rule + _pinned_text(s) + " Test: every arm at its "
             f"selected lr on {len(s.seeds)} seeds ({s.seeds[0]}-{s.seeds[-1]}), the primary arms first; "
             f"Δ = {s.endpoint}({method}) - {s.endpoint}({baseline}) per seed (positive: {method} "
             f"{s.units.higher}); the mean Δ with its {s.confidence:.0%} paired t interval and the equivalence test "
@@ -93,6 +95,8 @@ def selection_table(curve: dict, chosen: dict, s: dict, arms: list[str]) -> list
             interval = f"[{row['low']:.4f}, {row['high']:.4f}]" if "mean" in row else "n/a"
             rows.append([arm, f"{row['lr']:g}{mark}", f"{row['ended']} of {len(s.selection_seeds)}", mean, interval,
                          row["diverged"]])
+    if not rows and not s.selected_arms(arms):
+        return []  # nothing is selected: no table of selection runs
     return markdown_table(["arm", "peak lr", "runs ended", f"mean {s.endpoint}", f"{s.confidence:.0%} interval",
                            "diverged"], rows)
 
