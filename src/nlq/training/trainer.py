@@ -137,7 +137,8 @@ class Trainer:
             self.train_model = torch.compile(self.train_model)
         self.eval_set = self.inputs.eval_set()
         self.probe = (InductionProbe(cfg.model.vocab_size, cfg.model.block_size, tcfg.diagnostics_every, env.device)
-                      if tcfg.diagnostics_every and tcfg.objective == "clm" else None)  # language models only
+                      if tcfg.diagnostics_every and tcfg.objective == "clm" and cfg.model.block_size >= 4
+                      else None)  # language models with room for two copies of a few tokens
         self.flops_per_token = self.model.flops_per_token()
         self.peak = peak_flops(tcfg, env.device, self.dtype)
 
