@@ -65,9 +65,11 @@ def decisions(results: Path) -> list[dict]:
         interval = outcome["decision"]["interval"]
         end = outcome["decision"].get("sequential")  # a sequential test's words are read off its repeated interval
         low, high = end["repeated"] if end else (interval["low"], interval["high"])
+        units = s.units  # nats for a loss; steps for the transition step
         rows.append({"study": name, "question": QUESTIONS.get(name, study.get("description", name).split(",")[0]),
-                     "kind": "primary", "first": method, "second": baseline, "first_lr": lrs.get(method),
-                     "second_lr": lrs.get(baseline), "n": interval["n"], "mean": interval["mean"],
+                     "units": units.name, "kind": "primary", "first": method, "second": baseline,
+                     "first_lr": lrs.get(method), "second_lr": lrs.get(baseline), "n": interval["n"],
+                     "mean": interval["mean"],
                      "low": low, "high": high,
                      "words": outcome["decision"]["words"] + (" (sequential: the repeated interval)" if end else ""),
                      "one_pair": rests_on(outcome)})
@@ -79,7 +81,7 @@ def decisions(results: Path) -> list[dict]:
             else:
                 (first, second), question = member["member"], "declared comparison (Holm over the family)"
                 words = reading(member, member["holm_p"], s)
-            rows.append({"study": name, "question": question, "kind": "family",
+            rows.append({"study": name, "question": question, "units": units.name, "kind": "family",
                          "first": first, "second": second, "first_lr": lrs.get(first), "second_lr": lrs.get(second),
                          "n": member["n"], "mean": member["mean"], "low": member["low"], "high": member["high"],
                          "words": words, "one_pair": rests_on(member)})
@@ -108,14 +110,24 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         study = f"`{r['study']}`" if r["kind"] == "primary" else ""
+        value = number(r)
         lines.append(f"| {study} | {r['question']} | {arm(r['first'], r['first_lr'])} - "
-                     f"{arm(r['second'], r['second_lr'])} | {r['n']} | {r['mean']:+.4f} | "
-                     f"[{r['low']:+.4f}, {r['high']:+.4f}] | {r['words']} | {r['one_pair']} |")
+                     f"{arm(r['second'], r['second_lr'])} | {r['n']} | {value(r['mean'])} | "
+                     f"[{value(r['low'])}, {value(r['high'])}] | {r['words']} | {r['one_pair']} |")
     return "\n".join(lines)
 
 
+def number(row: dict):
+    """How a row's Δ is written: nats to 4 decimals; a Δ in another unit (the transition step) with its unit."""
+    if row.get("units", "nats") == "nats":
+        return lambda x: f"{x:+.4f}"
+    return lambda x: f"{x:+,.0f} {row['units']}"
+
+
 def forest_plot(rows: list[dict], path: Path) -> None:
-    """Every row's Δ with its 95% interval, one line each, primary tests in black, declared comparisons in grey."""
+    """Every row's Δ in nats with its 95% interval, one line each, primary tests in black, declared comparisons in
+    grey (a Δ in steps, the transition's, is in the table alone: one axis holds one unit)."""
+    rows = [r for r in rows if r.get("units", "nats") == "nats"]
     fig, ax = plt.subplots(figsize=(8, 0.34 * len(rows) + 1.2))
     for i, r in enumerate(reversed(rows)):
         color = "black" if r["kind"] == "primary" else "0.5"

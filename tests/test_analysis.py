@@ -452,3 +452,20 @@ def test_the_induction_transition_rereads_the_committed_retrained_runs(tmp_path)
     row = next(r for r in kept if r["run"] == "d64-linear-lr0.008-s217-stable")
     text = " ".join(RESULTS_MD.read_text().split())
     assert f"the train-loss rule: {row['loss_steps']['3.5']:,}; the induction rule: {row['induction_step']:,}" in text
+
+
+def test_a_decision_in_steps_is_written_with_its_unit_and_kept_off_the_nats_axis(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decisions", ANALYSIS / "decisions.py")
+    decisions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(decisions)
+    row = {"study": "transition", "question": "q", "kind": "primary", "first": "nonlinear", "second": "linear",
+           "first_lr": 0.008, "second_lr": 0.008, "n": 12, "mean": 827.4, "low": 404.0, "high": 1250.2,
+           "words": "nonlinear later", "one_pair": "", "units": "steps"}
+    loss = row | {"study": "verdict", "units": "nats", "mean": 0.0311, "low": 0.0199, "high": 0.0423}
+    text = decisions.table([loss, row])
+    assert "| 12 | +827 steps | [+404 steps, +1,250 steps] | nonlinear later |" in text
+    assert "| +0.0311 | [+0.0199, +0.0423] |" in text
+    decisions.forest_plot([loss, row], tmp_path / "d.png")  # the steps row is left out of the nats axis
+    assert (tmp_path / "d.png").is_file()
