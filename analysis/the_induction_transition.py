@@ -24,14 +24,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from nlq.runs.metrics import read_metrics  # noqa: E402
+from nlq.runs.paths import scrubbed_text  # noqa: E402
 from nlq.runs.transitions import PREFIX_KEY, PREFIX_LEVEL, induction_transition, loss_curve, moving_mean  # noqa: E402
 from nlq.studies.reports.plan_transitions import LOSS_LEVEL, LOSS_LEVELS, peak_phase, run_timing  # noqa: E402
 from nlq.studies.running.collect import thin  # noqa: E402
 
 
-def reading(run: Path, checks: dict) -> dict:
+def reading(run: Path, records: list[dict], checks: dict) -> dict:
     """One retrained run's transition by each rule, and what its diagnostics reached."""
-    records = read_metrics(run / "metrics.jsonl")
     phase = peak_phase(records)
     timing = run_timing(records)
     induction = induction_transition(records)
@@ -44,8 +44,7 @@ def reading(run: Path, checks: dict) -> dict:
             "reuse_check": checks.get(run.name)}
 
 
-def plot(run: Path, row: dict, out: Path) -> None:
-    records = read_metrics(run / "metrics.jsonl")
+def plot(run: Path, records: list[dict], row: dict, out: Path) -> None:
     phase = peak_phase(records)
     curve = loss_curve(records)
     smooth = moving_mean(loss_curve(phase), 9)
@@ -88,15 +87,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         checks = {r["run"]: r["largest_difference"] for r in json.loads(check.read_text())["runs"]} \
             if check.is_file() else {}
         for run in sorted(p.parent for p in (folder / "runs").glob("*/summary.json")):
-            if not any(PREFIX_KEY in r for r in read_metrics(run / "metrics.jsonl")):
+            records = read_metrics(run / "metrics.jsonl")
+            if not any(PREFIX_KEY in r for r in records):
                 continue
-            row = reading(run, checks)
+            row = reading(run, records, checks)
             target = out / "runs" / run.name
             target.mkdir(exist_ok=True)
-            for name in ("config.json", "summary.json"):
-                shutil.copy2(run / name, target / name)
+            shutil.copy2(run / "summary.json", target / "summary.json")
+            (target / "config.json").write_text(scrubbed_text((run / "config.json").read_text()))  # no absolute path
             (target / "metrics.jsonl").write_text(thin(run / "metrics.jsonl", 100))
-            plot(target, row, out / f"{run.name}.png")
+            plot(target, records, row, out / f"{run.name}.png")
             rows.append(row)
             levels = ", ".join(f"{k}: {v}" for k, v in row["loss_steps"].items())
             print(f"{run.name}: induction rule {row['induction_step']}"

@@ -9,6 +9,8 @@ import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import torch
+
 from nlq.errors import UserError
 from nlq.projections import own_sources
 
@@ -37,8 +39,6 @@ def guarded(names: Iterable[str], doing: str) -> Iterator[None]:
 def first_batch(model, x, y, config, autocast) -> None:
     """The model with projections of one's own reads its first batch once (eval mode, no gradient, no random draw,
     so training is unchanged): code that fails on real data fails here, in one line, before a run directory exists."""
-    import torch
-
     model.eval()
     try:
         with guarded(config.model.placements.values(), "the model read its first batch"), torch.no_grad(), autocast:

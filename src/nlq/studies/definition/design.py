@@ -197,8 +197,9 @@ def checked_plan_study(study: dict, study_dir: Path) -> dict:
         raise UserError(f"{where}: its design names arm {missing[0]!r}, which is none of its arms "
                         f"({', '.join(sorted(arms))}); run the study again from its plan to rewrite it")
     check_run_records(study.get("runs", []), where)
-    check_frozen(study, study_dir)
-    check_runs_hold_their_records(study, study_dir)
+    summaries = _summaries(study, study_dir)  # read once for both checks
+    check_frozen(study, study_dir, summaries)
+    check_runs_hold_their_records(study, study_dir, summaries)
     return study
 
 
@@ -227,7 +228,7 @@ def check_run_records(runs: list[dict], where: Path) -> None:
                             f"{restore}")
 
 
-def check_runs_hold_their_records(study: dict, study_dir: Path) -> None:
+def check_runs_hold_their_records(study: dict, study_dir: Path, summaries: dict[str, dict]) -> None:
     """Each run record of a plan study agrees with the run it names: the seed, peak lr and steps its config.json
     trained with, the arm's settings, and a finite endpoint (a loss is never below 0) in its summary; one line naming
     the run and the field otherwise. A record rewritten after its runs trained (two seeds swapped) is refused."""
@@ -250,8 +251,7 @@ def check_runs_hold_their_records(study: dict, study_dir: Path) -> None:
                     raise UserError(f"{where}: run {r['name']} is recorded with {what} {record!r}, but its "
                                     f"config.json trained with {actual!r}: the record was edited after the run "
                                     f"trained; restore study.json (git checkout -- {where} for a committed study)")
-        summary = read_json(run / "summary.json", "a run summary") if (run / "summary.json").is_file() else None
-        value = summary.get(s.endpoint) if isinstance(summary, dict) else None
+        value = summaries.get(r["name"], {}).get(s.endpoint)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                       and math.isfinite(value) and value >= 0):
             raise UserError(f"{where}: run {r['name']}'s summary.json holds {s.endpoint} {value!r}, which no run can "
@@ -259,7 +259,7 @@ def check_runs_hold_their_records(study: dict, study_dir: Path) -> None:
                             f"its summary.json")
 
 
-def check_frozen(study: dict, study_dir: Path) -> None:
+def check_frozen(study: dict, study_dir: Path, summaries: dict[str, dict] | None = None) -> None:
     """A plan study's record cannot be quietly rewritten: its plan must hash to the plan_hash in study.json and in
     every run's summary (record.plan_hash, where the run recorded one), and its design must be the plan's. A study
     frozen before plans were recorded in study.json (results/verdict) is held to the shipped plan of its name when
@@ -267,7 +267,9 @@ def check_frozen(study: dict, study_dir: Path) -> None:
     to check. Each mismatch is one line naming the field that differs from what the runs trained under."""
     where = study_dir / "study.json"
     restore = f"restore the file (git checkout -- {where}, for a committed study)"
-    records = _run_records(study, study_dir)
+    summaries = _summaries(study, study_dir) if summaries is None else summaries
+    records = {name: summary["record"] for name, summary in summaries.items()
+               if isinstance(summary.get("record"), dict)}
     plan, frozen = study.get("plan"), study.get("plan_hash")
     if plan is None:
         shipped = SHIPPED / f"{study.get('name')}.toml"
@@ -306,14 +308,15 @@ def check_frozen(study: dict, study_dir: Path) -> None:
                         f"{_against_shipped(study, hash_)}; {restore}")
 
 
-def _run_records(study: dict, study_dir: Path) -> dict[str, dict]:
-    """Run name -> the record its summary.json holds (code, plan hash, times), for the runs that have one."""
+def _summaries(study: dict, study_dir: Path) -> dict[str, dict]:
+    """Run name -> its summary.json (the record of code, plan hash and times; the endpoint), for the runs in this
+    study's runs/ that have one."""
     out = {}
     for r in study.get("runs", []):
         path = study_dir / "runs" / r["name"] / "summary.json"
         summary = read_json(path, "a run summary") if path.is_file() else None
-        if isinstance(summary, dict) and isinstance(summary.get("record"), dict):
-            out[r["name"]] = summary["record"]
+        if isinstance(summary, dict):
+            out[r["name"]] = summary
     return out
 
 

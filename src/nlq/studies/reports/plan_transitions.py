@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from nlq.runs.metrics import read_metrics
-from nlq.runs.transitions import PREFIX_LEVEL, induction_transition, loss_transition
+from nlq.runs.transitions import PREFIX_LEVEL, induction_transition, loss_transition, mean_loss_after
 from nlq.studies.definition.tables import interval_text, markdown_table
 from nlq.studies.inference.stats import hodges_lehmann, hodges_lehmann_pairs, median, paired_difference
 from nlq.studies.reports.plots import plt, save_figure
@@ -40,12 +40,7 @@ def run_timing(records: list[dict]) -> dict:
     induction = induction_transition(records)
     by_level = {level: loss_transition(phase, level) for level in LOSS_LEVELS}
     transition, rule = (induction, "induction") if induction is not None else (by_level[LOSS_LEVEL], "train loss")
-    after = None
-    if not transition.censored:
-        window = [r["train_loss"] for r in phase if r.get("train_loss") is not None and r["step"] % 100 == 0
-                  and transition.step + AFTER[0] <= r["step"] <= transition.step + AFTER[1]]
-        last = max((r["step"] for r in phase), default=0)
-        after = sum(window) / len(window) if window and last >= transition.step + AFTER[1] else None
+    after = None if transition.censored else mean_loss_after(phase, transition.step, *AFTER)
     return {"rule": rule, "step": transition.step, "censored": transition.censored, "after": after,
             "levels": {f"{level:g}": t.to_dict() for level, t in by_level.items()}}
 

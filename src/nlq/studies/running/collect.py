@@ -71,7 +71,8 @@ def collect(study_dir: Path, out: Path, every: int = 100) -> int:
     read_study(study_dir)
     out.mkdir(parents=True, exist_ok=True)
     for path in study_dir.iterdir():
-        if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith("."):
+        if path.is_file() and path.suffix in (".json", ".md", ".csv", ".png") and not path.name.startswith(".") \
+                and path.name != "study.json":
             shutil.copy2(path, out / path.name)
     (out / "study.json").write_text(scrubbed_text((study_dir / "study.json").read_text()))  # no absolute path
     copied, waiting = 0, branch_sources(study_dir)
